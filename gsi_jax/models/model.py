@@ -1,0 +1,111 @@
+"""A loaded model: config, parameters, tokenizer, and jitted entry points."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gsi_jax.models.config import ModelConfig
+from gsi_jax.models.decoder import Decoder, init_cache
+from gsi_jax.models.linear import Gate
+
+
+def _fast_counts(gate_stats) -> dict:
+  """{layer: {site: (fast tokens, tokens)}} from the sown fast masks."""
+  out = {}
+  for layer, sites in gate_stats.items():
+    for site, val in sites.items():
+      fast = val["fast"][0]
+      out.setdefault(layer, {})[site] = jnp.stack(
+          [jnp.sum(fast, dtype=jnp.float32), jnp.float32(fast.size)])
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("module", "collections"))
+def _forward(module, params, ids_BT, gate, collections=()):
+  (logits, _), state = module.apply({"params": params}, ids_BT, gate=gate,
+                                    mutable=list(collections))
+  return logits, state
+
+
+@functools.partial(jax.jit, static_argnames=("module", "max_new_tokens"))
+def _generate(module, params, ids_BT, gate, max_new_tokens):
+  B, T = ids_BT.shape
+  dtype = jax.tree.leaves(params["embed"])[0].dtype
+  cache = init_cache(module.config, B, T + max_new_tokens, dtype)
+
+  def step(ids, start, cache):
+    (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
+                                          mutable=["gate_stats"])
+    counts = _fast_counts(state.get("gate_stats", {}))
+    return jnp.argmax(logits[:, -1], -1).astype(ids_BT.dtype), cache, counts
+
+  tok, cache, counts = step(ids_BT, 0, cache)
+
+  def body(carry, _):
+    tok, cache, pos, total = carry
+    nxt, cache, counts = step(tok[:, None], pos, cache)
+    return (nxt, cache, pos + 1, jax.tree.map(jnp.add, total, counts)), tok
+
+  decode_counts = jax.tree.map(jnp.zeros_like, counts)
+  (last, _, _, decode_counts), toks = jax.lax.scan(
+      body, (tok, cache, T, decode_counts), None, length=max_new_tokens - 1)
+  new = jnp.concatenate([toks.T, last[:, None]], axis=1) if max_new_tokens > 1 else tok[:, None]
+  return jnp.concatenate([ids_BT, new], axis=1), decode_counts
+
+
+@dataclasses.dataclass
+class Model:
+  """What `gsi_jax.load_model` returns.
+
+  `params` is a plain pytree; every method takes params explicitly so that
+  transformed (GSI) parameters go through the same entry points.
+  """
+  config: ModelConfig
+  params: Any
+  tokenizer: Any = None
+  dtype: Any = jnp.float32
+  source: str = ""
+
+  @functools.cached_property
+  def module(self) -> Decoder:
+    return Decoder(self.config, self.dtype)
+
+  def logits(self, params, input_ids, gate: Gate | None = None) -> jax.Array:
+    """(B, T) int ids -> (B, T, vocab) float32 logits."""
+    return _forward(self.module, params, jnp.asarray(input_ids, jnp.int32), gate)[0]
+
+  def forward(self, params, input_ids, gate: Gate | None = None,
+              collections: tuple[str, ...] = ("gate_stats",)):
+    """Logits plus the sown collections ("gate_stats", "site_inputs")."""
+    return _forward(self.module, params, jnp.asarray(input_ids, jnp.int32), gate,
+                    tuple(collections))
+
+  def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
+               return_stats: bool = False):
+    """Greedy decoding with a KV cache; returns prompt + new ids, (B, T + N).
+
+    With return_stats, also {layer: {site: fast share}} over the decode steps
+    (the prompt's prefill excluded), which is what batch-1 decoding reads.
+    """
+    if max_new_tokens < 1:
+      raise ValueError("max_new_tokens must be >= 1")
+    ids, counts = _generate(self.module, params, jnp.asarray(input_ids, jnp.int32), gate,
+                            int(max_new_tokens))
+    if not return_stats:
+      return ids
+    return ids, jax.tree.map(lambda c: float(c[0] / max(float(c[1]), 1.0)), counts,
+                             is_leaf=lambda x: isinstance(x, jax.Array))
+
+  def encode(self, text: str) -> np.ndarray:
+    if self.tokenizer is None:
+      raise ValueError(f"{self.source} has no tokenizer; pass token ids instead")
+    return np.asarray(self.tokenizer(text)["input_ids"], np.int32)
+
+  def decode(self, ids) -> str:
+    return self.tokenizer.decode(list(np.asarray(ids)), skip_special_tokens=False)
