@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import json
@@ -144,7 +145,9 @@ def load_model(source: str = DEFAULT_MODEL, dtype="float32") -> Model:
   if source in PRESETS:
     resolved = PRESETS[source]
     if resolved.startswith("package:"):
-      return load_gguf(_package_file(resolved), dtype)
+      model = load_gguf(_package_file(resolved), dtype)
+      model.config = dataclasses.replace(model.config, name=source)
+      return model
     source = resolved
   if os.path.isdir(source):
     return load_hf_folder(source, dtype)

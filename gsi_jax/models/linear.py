@@ -92,13 +92,14 @@ class LinearSite(nn.Module):
   @nn.compact
   def __call__(self, x_BTD: jax.Array, gate: Gate | None) -> dict[str, jax.Array]:
     d = x_BTD.shape[-1]
-    names = [n for n, _, _ in self.outputs]
     init = nn.initializers.normal(0.02)
     kernel = self.param("kernel", lambda key: {
         n: init(jax.random.fold_in(key, i), (d, o), self.dtype)
         for i, (n, o, _) in enumerate(self.outputs)})
     # Calibration reads every site's input from this collection.
     self.sow("site_inputs", "x", x_BTD)
+    # The image M stacks the maps' columns in sorted name order (pytree order).
+    names = sorted(kernel)
     gsi = self.has_variable("params", "basis")
     if gate is None or gate.mode == "dense" or not gsi:
       ys = [x_BTD @ kernel[n] for n in names]

@@ -1,0 +1,8 @@
+from gsi_jax.gsi.bases import Bases, fingerprint
+from gsi_jax.gsi.calibration import calibrate
+from gsi_jax.gsi.checkpoint import load_bases, save_bases
+from gsi_jax.gsi.coherence import depth_coherence
+from gsi_jax.gsi.transform import apply_gsi, dense_params
+
+__all__ = ["Bases", "apply_gsi", "calibrate", "dense_params", "depth_coherence",
+           "fingerprint", "load_bases", "save_bases"]

@@ -1,0 +1,114 @@
+"""Calibration: accumulate each site's Gram matrix, then find its top subspace."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gsi_jax.errors import GSIError
+from gsi_jax.gsi import cascade
+from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint, site_kernels
+
+METHODS = ("eigh", "cascade")
+
+
+@functools.partial(jax.jit, static_argnames=("module",), donate_argnums=(1,))
+def _accumulate(module, grams, params, ids_BT):
+  _, state = module.apply({"params": params}, ids_BT, mutable=["site_inputs"])
+
+  def add(gram, x):
+    X = x[0].reshape(-1, x[0].shape[-1]).astype(jnp.float32)
+    return gram + X.T @ X
+  inputs = {layer: {site: v["x"] for site, v in sites.items()}
+            for layer, sites in state["site_inputs"].items()}
+  return jax.tree.map(add, grams, inputs, is_leaf=lambda x: isinstance(x, jax.Array))
+
+
+def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
+                  progress: bool = True) -> dict:
+  """{layer: {site: X^T X}} over all windows, in float32, memory bounded by one batch."""
+  _, state = jax.eval_shape(
+      lambda p, x: model.module.apply({"params": p}, x, mutable=["site_inputs"]),
+      params, jnp.zeros((1, windows_NT.shape[1]), jnp.int32))
+  grams = {layer: {site: jnp.zeros((v["x"][0].shape[-1],) * 2, jnp.float32)
+                   for site, v in sites.items()}
+           for layer, sites in state["site_inputs"].items()}
+  n = windows_NT.shape[0]
+  start = time.time()
+  for i in range(0, n, batch_size):
+    grams = _accumulate(model.module, grams, params, jnp.asarray(windows_NT[i:i + batch_size]))
+    if progress:
+      done = min(i + batch_size, n)
+      logging.info("calibration forward: %d/%d windows (%.0f s)", done, n, time.time() - start)
+  # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
+  return jax.tree.map(lambda G: (np.asarray(G, np.float64) + np.asarray(G, np.float64).T) / 2,
+                      grams)
+
+
+def top_eigenpairs(G: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """Top-k eigenvalues (descending) and eigenvectors of a symmetric PSD matrix."""
+  w, V = np.linalg.eigh(G)
+  order = np.argsort(w)[::-1][:k]
+  return w[order], V[:, order]
+
+
+def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_len: int = 256,
+              batch_size: int = 4, source: str = "", progress: bool = True) -> Bases:
+  """Bases for every site from one forward pass per window of `token_ids`.
+
+  token_ids: a 1-D array of ids (cut into windows of seq_len) or (N, seq_len).
+  method "eigh" eigendecomposes every Gram matrix; "cascade" starts each
+  layer from the previous layer's basis and refines it (see cascade.py).
+  """
+  if method not in METHODS:
+    raise GSIError(f"calibration method {method!r} is not one of {METHODS}")
+  if k_max <= 0:
+    raise GSIError(f"k_max must be positive, got {k_max}")
+  ids = np.asarray(token_ids, np.int32)
+  if ids.size == 0:
+    raise GSIError("calibration text is empty")
+  if ids.ndim == 1:
+    if len(ids) < seq_len:
+      raise GSIError(f"calibration text has {len(ids)} tokens, fewer than one window of "
+                     f"{seq_len}; give more text or a smaller seq_len")
+    n = len(ids) // seq_len
+    ids = ids[:n * seq_len].reshape(n, seq_len)
+  widths = [W.shape[0] for sites in site_kernels(params).values()
+            for kernels in sites.values() for W in kernels.values()]
+  if k_max > max(widths):
+    raise GSIError(f"k_max={k_max} exceeds the widest site ({max(widths)})")
+  grams = gram_matrices(model, params, ids, batch_size, progress)
+  vectors, eigenvalues, trace, cost = {}, {}, {}, {"seconds": 0.0, "flops": 0.0}
+  previous: dict[str, np.ndarray] = {}
+  layers = sorted(grams, key=lambda name: int(name.split("_")[1]))
+  for layer in layers:
+    for site, G in grams[layer].items():
+      d = G.shape[0]
+      k = min(k_max, d)  # a site narrower than k_max keeps its full basis
+      t0 = time.perf_counter()
+      if method == "cascade" and site in previous:
+        w, V, flops = cascade.refine(G, previous[site])
+      else:
+        w, V = top_eigenpairs(G, k)
+        flops = cascade.eigh_flops(d)
+      cost["seconds"] += time.perf_counter() - t0
+      cost["flops"] += flops
+      previous[site] = V
+      vectors.setdefault(layer, {})[site] = V.astype(np.float32)
+      eigenvalues.setdefault(layer, {})[site] = w.astype(np.float32)
+      trace.setdefault(layer, {})[site] = np.float32(np.trace(G))
+    if progress:
+      logging.info("calibration %s: %s done", method, layer)
+  meta = {
+      "format_version": FORMAT_VERSION, "model": model.config.name, "source_model": model.source,
+      "fingerprint": fingerprint(params), "text_source": source, "tokens": int(ids.size),
+      "seq_len": int(ids.shape[1]), "method": method, "k_max": int(k_max),
+      "dtype": str(jnp.dtype(model.dtype)), "solve_seconds": cost["seconds"],
+      "solve_flops": cost["flops"],
+  }
+  return Bases(vectors, eigenvalues, trace, meta)

@@ -1,0 +1,168 @@
+"""Quality, gate statistics, byte accounting and the Theorem 4 check.
+
+Two byte counts, never mixed up:
+  * paper formula: per map d / (k + p_slow d), i.e. M's k columns plus W on
+    slow tokens; it ignores V_k, the LM head, embeddings and norms;
+  * true bytes read per decoded token at batch 1: V_k and M of every site, W
+    on slow tokens, biases, norms, the embedding row and the whole LM head.
+KV-cache reads are activations, not weights, and are left out of both.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gsi_jax.gsi.bases import site_kernels
+from gsi_jax.models.linear import Gate
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def _score_batch(module, params, ids_BT, gate):
+  (logits, _), state = module.apply({"params": params}, ids_BT, gate=gate,
+                                    mutable=["gate_stats"])
+  logp = jax.nn.log_softmax(logits[:, :-1], -1)
+  nll = -jnp.take_along_axis(logp, ids_BT[:, 1:, None], -1)[..., 0]
+  fast = {layer: {site: jnp.sum(v["fast"][0][:, :-1], dtype=jnp.float32)
+                  for site, v in sites.items()}
+          for layer, sites in state.get("gate_stats", {}).items()}
+  return nll, jnp.argmax(logits[:, :-1], -1), fast
+
+
+def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
+          batch_size: int = 4) -> dict:
+  """Next-token NLL and argmax per position, and fast-token counts per site.
+
+  The last position of each window has no target and is left out everywhere.
+  """
+  nll, top1, fast = [], [], None
+  for i in range(0, len(windows_NT), batch_size):
+    n, t, f = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)
+    nll.append(np.asarray(n))
+    top1.append(np.asarray(t))
+    fast = f if fast is None else jax.tree.map(jnp.add, fast, f)
+  nll, top1 = np.concatenate(nll), np.concatenate(top1)
+  share = jax.tree.map(lambda c: float(c) / nll.size, fast or {})
+  return {"nll": nll, "top1": top1, "fast_share_by_layer": share}
+
+
+def mean_share(share_by_layer: dict) -> float:
+  values = [v for sites in share_by_layer.values() for v in sites.values()]
+  return float(np.mean(values)) if values else 0.0
+
+
+def share_by_site(share_by_layer: dict) -> dict[str, float]:
+  """Average over layers, per site kind (attn_in, attn_out, mlp_in, mlp_out)."""
+  sites = {}
+  for layer_sites in share_by_layer.values():
+    for site, v in layer_sites.items():
+      sites.setdefault(site, []).append(v)
+  return {site: float(np.mean(v)) for site, v in sites.items()}
+
+
+def quality(dense: dict, gsi: dict) -> dict:
+  """Perplexities on the same windows, their ratio, and top-1 agreement."""
+  ppl_dense = math.exp(float(dense["nll"].mean()))
+  ppl = math.exp(float(gsi["nll"].mean()))
+  return {"ppl_dense": ppl_dense, "ppl": ppl, "ppl_ratio": ppl / ppl_dense,
+          "top1_agreement": float((dense["top1"] == gsi["top1"]).mean()),
+          "fast_share": mean_share(gsi["fast_share_by_layer"]),
+          "fast_share_by_site": share_by_site(gsi["fast_share_by_layer"])}
+
+
+def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> dict:
+  """Weight bytes read per decoded token (batch 1), dense and GSI, by both counts.
+
+  k None means dense.  fast_share_by_layer: {layer: {site: share}}; a site
+  with no entry is taken as always slow.
+  """
+  sites = site_kernels(params)
+  itemsize = jax.tree.leaves(params)[0].dtype.itemsize
+  share = fast_share_by_layer or {}
+  lin_dense = lin_gsi = paper_cost = 0.0
+  for layer, layer_sites in sites.items():
+    for site, kernels in layer_sites.items():
+      d = next(iter(kernels.values())).shape[0]
+      out = sum(W.shape[1] for W in kernels.values())
+      lin_dense += d * out
+      if k is None:
+        lin_gsi += d * out
+        paper_cost += d * out
+        continue
+      k_site = min(k, d)
+      p_slow = 1.0 - share.get(layer, {}).get(site, 0.0)
+      lin_gsi += d * k_site + k_site * out + p_slow * d * out
+      paper_cost += out * (k_site + p_slow * d)
+  # Everything else a decode step reads: norms, biases, the LM head, and one
+  # row of each embedding table (the tied LM head reads the whole table).
+  other = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [p.key for p in path]
+    in_site = keys[0] in sites and keys[1] in sites[keys[0]]
+    if in_site and keys[2] != "bias":
+      continue  # kernels, basis, image: counted above
+    other += leaf.shape[1] if keys[-1] == "embedding" else leaf.size
+  if "lm_head" not in params:
+    other += params["embed"]["embedding"].size
+  total_dense = (lin_dense + other) * itemsize
+  total_gsi = (lin_gsi + other) * itemsize
+  storage = 0
+  for layer, layer_sites in sites.items():
+    for site in layer_sites:
+      node = params[layer][site]
+      storage += sum(node[n].size for n in ("basis", "image") if n in node)
+  model_size = sum(leaf.size for leaf in jax.tree.leaves(params)) - storage
+  return {
+      "bytes_per_token_dense": total_dense, "bytes_per_token": total_gsi,
+      "bytes_fraction": total_gsi / total_dense, "speedup_bytes": total_dense / total_gsi,
+      "speedup_linear_bytes": lin_dense / lin_gsi, "speedup_paper": lin_dense / paper_cost,
+      "lm_head_and_embedding_share_dense": (other * itemsize) / total_dense,
+      "effective_params": total_gsi / itemsize, "effective_params_paper": paper_cost,
+      "params_total": float(model_size), "storage_overhead": storage / max(model_size, 1),
+  }
+
+
+def theorem4_check(model, gsi_params, windows_NT: np.ndarray, eps: float,
+                   batch_size: int = 2) -> dict:
+  """On every fast token of every map: ||W r|| <= ||W||_2 eps ||x||.
+
+  r is recomputed from the site inputs the gated forward actually saw.
+  Returns the worst ratio error / bound (must stay <= 1) and the worst
+  error / (||W||_2 ||r||), how tight the operator-norm step is.
+  """
+  from gsi_jax.models.linear import make_gate
+  gate = make_gate(eps)
+  kernels = site_kernels(gsi_params)
+  norms = {(layer, site, n): float(np.linalg.norm(np.asarray(W, np.float64), 2))
+           for layer, s in kernels.items() for site, ks in s.items() for n, W in ks.items()}
+  worst_bound = worst_tight = 0.0
+  fast_tokens = violations = 0
+  for i in range(0, len(windows_NT), batch_size):
+    _, state = model.forward(gsi_params, windows_NT[i:i + batch_size], gate,
+                             collections=("site_inputs", "gate_stats"))
+    for layer, s in kernels.items():
+      for site, ks in s.items():
+        x = np.asarray(state["site_inputs"][layer][site]["x"][0], np.float64)
+        fast = np.asarray(state["gate_stats"][layer][site]["fast"][0])
+        x = x[fast]
+        if not len(x):
+          continue
+        V = np.asarray(gsi_params[layer][site]["basis"], np.float64)
+        r = x - (x @ V) @ V.T
+        x_norm, r_norm = np.linalg.norm(x, axis=-1), np.linalg.norm(r, axis=-1)
+        fast_tokens += len(x)
+        for n, W in ks.items():
+          err = np.linalg.norm(r @ np.asarray(W, np.float64), axis=-1)
+          bound = norms[(layer, site, n)] * eps * x_norm
+          violations += int(np.sum(err > bound * (1 + 1e-6)))
+          worst_bound = max(worst_bound, float(np.max(err / bound)))
+          worst_tight = max(worst_tight, float(np.max(err / (norms[(layer, site, n)] * r_norm
+                                                              + 1e-30))))
+  logging.info("theorem 4: %d fast site-tokens, %d violations", fast_tokens, violations)
+  return {"eps": eps, "fast_site_tokens": fast_tokens, "violations": violations,
+          "max_error_over_bound": worst_bound, "max_error_over_norm_r": worst_tight}

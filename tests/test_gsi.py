@@ -1,0 +1,232 @@
+"""GSI invariants, calibration, checkpoints and bad input, on tiny models of every family."""
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gsi_jax
+from gsi_jax import GSIError, make_gate
+from gsi_jax.gsi import calibration, cascade, metrics
+from gsi_jax.gsi.bases import site_kernels
+from gsi_jax.gsi.coherence import principal_cosines
+
+FAMILIES = ["gpt2", "gptj", "opt", "opt_post_ln", "llama_gqa"]
+RNG = np.random.default_rng(0)
+CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
+EVAL = RNG.integers(0, 101, (2, 12)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_folder):
+  cache = {}
+
+  def make(name):
+    if name not in cache:
+      model = gsi_jax.load_model(tiny_folder(name)[0])
+      widest = max(W.shape[0] for s in site_kernels(model.params).values()
+                   for ks in s.values() for W in ks.values())
+      bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=widest, seq_len=16,
+                                progress=False)
+      cache[name] = model, bases, widest
+    return cache[name]
+  return make
+
+
+def logits(model, params, gate=None, ids=EVAL):
+  return np.asarray(model.logits(params, ids, gate))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_eps_zero_is_dense(tiny, name):
+  model, bases, _ = tiny(name)
+  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  # Same arithmetic as dense; XLA may fuse it differently, hence fp32 rounding slack.
+  np.testing.assert_allclose(logits(model, params, make_gate(0.0)), logits(model, model.params),
+                             atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_full_rank_is_dense(tiny, name):
+  model, bases, widest = tiny(name)
+  params = gsi_jax.apply_gsi(model.params, bases, widest)
+  gate = make_gate(0.5)
+  _, state = model.forward(params, EVAL, gate)
+  fast = [v["fast"][0] for s in state["gate_stats"].values() for v in s.values()]
+  assert all(bool(f.all()) for f in fast)  # every token takes the fast path...
+  np.testing.assert_allclose(logits(model, params, gate), logits(model, model.params), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_eps_inf_is_static_projection(tiny, name):
+  """Written independently: dense model with every kernel replaced by V V^T W."""
+  model, bases, _ = tiny(name)
+  k = 6
+  projected = jax.tree.map(lambda x: x, model.params)
+  for layer, sites in site_kernels(model.params).items():
+    for site, kernels in sites.items():
+      V = jnp.asarray(bases.vectors[layer][site][:, :k])
+      projected[layer][site]["kernel"] = {n: V @ (V.T @ W) for n, W in kernels.items()}
+  want = logits(model, projected)
+  params = gsi_jax.apply_gsi(model.params, bases, k)
+  np.testing.assert_allclose(logits(model, params, make_gate(math.inf)), want, atol=1e-4)
+  np.testing.assert_allclose(logits(model, params, make_gate(0.3, "static")), want, atol=1e-4)
+  assert np.abs(want - logits(model, model.params)).max() > 1e-3  # the projection does bite
+
+
+@pytest.mark.parametrize("name", ["gptj", "llama_gqa"])
+def test_batch1_skip_equals_masked_select(tiny, name):
+  model, bases, _ = tiny(name)
+  params = gsi_jax.apply_gsi(model.params, bases, 10)
+  prompt = EVAL[:1, :5]
+  for eps in (0.3, 0.6, 0.9):  # mixed gate patterns
+    masked, share = model.generate(params, prompt, 12, make_gate(eps), return_stats=True)
+    skipped = model.generate(params, prompt, 12, make_gate(eps, skip_residual=True))
+    np.testing.assert_array_equal(np.asarray(masked), np.asarray(skipped))
+    a = logits(model, params, make_gate(eps), np.asarray(masked)[:, :-1])
+    b = logits(model, params, make_gate(eps, skip_residual=True), np.asarray(masked)[:, :-1])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_gram_matrices_are_site_input_products(tiny):
+  model, _, _ = tiny("llama_gqa")
+  grams = calibration.gram_matrices(model, model.params, CALIB[:3], batch_size=2, progress=False)
+  _, state = model.forward(model.params, CALIB[:3], collections=("site_inputs",))
+  x = np.asarray(state["site_inputs"]["layer_1"]["mlp_out"]["x"][0], np.float64).reshape(-1, 64)
+  np.testing.assert_allclose(grams["layer_1"]["mlp_out"], x.T @ x, rtol=1e-4, atol=1e-4)
+
+
+def test_calibration_recovers_known_subspace():
+  rng = np.random.default_rng(1)
+  d, r = 64, 5
+  U, _ = np.linalg.qr(rng.normal(size=(d, r)))
+  X = rng.normal(size=(500, r)) * np.array([9, 7, 5, 3, 2]) @ U.T + 1e-3 * rng.normal(size=(500, d))
+  G = X.T @ X
+  _, V = calibration.top_eigenpairs(G, r)
+  assert principal_cosines(U, V).min() > 0.9999
+  # The cascade, started from a perturbed neighbour subspace, finds it too.
+  V0, _ = np.linalg.qr(U + 0.3 * rng.normal(size=(d, r)))
+  _, Vc, _ = cascade.refine(G, V0, max_sweeps=3)
+  assert principal_cosines(U, Vc).min() > 0.9999
+  np.testing.assert_allclose(Vc.T @ Vc, np.eye(r), atol=1e-10)
+
+
+def test_cascade_matches_eigh_on_default_model():
+  model = gsi_jax.load_model("smollm2-135m")
+  from gsi_jax import text
+  ids = text.windows(model, text.PYDOC_CALIB, 128, 1024).ids
+  # First four layers only: truncate the model for speed.
+  import dataclasses
+  cfg = dataclasses.replace(model.config, n_layers=4)
+  small = dataclasses.replace(model, config=cfg, params={
+      k: v for k, v in model.params.items() if not k.startswith("layer_") or int(k[6:]) < 4})
+  eigh = gsi_jax.calibrate(small, small.params, ids, 64, method="eigh", progress=False)
+  casc = gsi_jax.calibrate(small, small.params, ids, 64, method="cascade", progress=False)
+  e1, e2 = eigh.captured_energy(64), casc.captured_energy(64)
+  for layer, site in eigh.sites():
+    assert 0 <= e1[layer][site] - e2[layer][site] < 2e-3, (layer, site)  # eigh is optimal
+    top = principal_cosines(eigh.vectors[layer][site][:, :16], casc.vectors[layer][site])
+    assert top.min() > 0.99, (layer, site)
+
+
+def test_checkpoint_roundtrip_is_bit_identical(tiny, tmp_path):
+  model, bases, _ = tiny("gpt2")
+  gsi_jax.save_bases(str(tmp_path / "b"), bases)
+  back = gsi_jax.load_bases(str(tmp_path / "b"), fingerprint=bases.meta["fingerprint"])
+  assert back.meta == bases.meta
+  for layer, site in bases.sites():
+    for field in ("vectors", "eigenvalues", "trace"):
+      a, b = getattr(bases, field)[layer][site], getattr(back, field)[layer][site]
+      assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_failed_save_keeps_earlier_checkpoint(tiny, tmp_path, monkeypatch):
+  model, bases, _ = tiny("gpt2")
+  path = str(tmp_path / "b")
+  gsi_jax.save_bases(path, bases)
+  import orbax.checkpoint as ocp
+  def explode(*args, **kwargs):
+    raise KeyboardInterrupt("interrupted mid-save")
+  monkeypatch.setattr(ocp.args, "JsonSave", explode)
+  with pytest.raises(KeyboardInterrupt):
+    gsi_jax.save_bases(path, bases)
+  monkeypatch.undo()
+  os.makedirs(os.path.join(path, "2.orbax-checkpoint-tmp-1234"))  # a crashed writer's leftovers
+  back = gsi_jax.load_bases(path)
+  np.testing.assert_array_equal(back.vectors["layer_0"]["attn_in"],
+                                bases.vectors["layer_0"]["attn_in"])
+
+
+def test_damaged_and_missing_checkpoints(tiny, tmp_path):
+  model, bases, _ = tiny("gpt2")
+  with pytest.raises(GSIError, match="no bases checkpoint"):
+    gsi_jax.load_bases(str(tmp_path / "absent"))
+  path = tmp_path / "b"
+  gsi_jax.save_bases(str(path), bases)
+  for f in (path / "1" / "arrays").rglob("*"):
+    if f.is_file() and "METADATA" not in f.name:
+      f.write_bytes(b"garbage")
+  with pytest.raises(GSIError, match="damaged"):
+    gsi_jax.load_bases(str(path))
+
+
+def test_bases_of_another_model_are_rejected(tiny, tmp_path):
+  model, _, _ = tiny("gpt2")
+  _, other, _ = tiny("opt")
+  with pytest.raises(GSIError, match="another model"):
+    gsi_jax.apply_gsi(model.params, other, 4)
+  gsi_jax.save_bases(str(tmp_path / "b"), other)
+  with pytest.raises(GSIError, match="not of this model"):
+    gsi_jax.load_bases(str(tmp_path / "b"), fingerprint=gsi_jax.gsi.fingerprint(model.params))
+
+
+@pytest.mark.parametrize("k", [0, -3, 10_000])
+def test_bad_k(tiny, k):
+  model, bases, _ = tiny("llama_gqa")
+  with pytest.raises(GSIError, match="k must be in"):
+    gsi_jax.apply_gsi(model.params, bases, k)
+
+
+@pytest.mark.parametrize("eps", [-0.1, float("nan")])
+def test_bad_eps(eps):
+  with pytest.raises(GSIError, match="eps must be"):
+    make_gate(eps)
+
+
+def test_bad_text(tiny, tmp_path):
+  model, _, _ = tiny("llama_gqa")
+  with pytest.raises(GSIError, match="empty"):
+    gsi_jax.calibrate(model, model.params, np.zeros((0,), np.int32), 4, seq_len=16)
+  with pytest.raises(GSIError, match="fewer than one window"):
+    gsi_jax.calibrate(model, model.params, CALIB[0, :10], 4, seq_len=16)
+  from gsi_jax import text
+  empty = tmp_path / "empty.txt"
+  empty.write_text("  \n")
+  with pytest.raises(GSIError, match="empty"):
+    text.load_text(str(empty))
+
+
+def test_theorem4_holds(tiny):
+  model, bases, _ = tiny("opt")
+  params = gsi_jax.apply_gsi(model.params, bases, 12)
+  check = metrics.theorem4_check(model, params, CALIB[:4], eps=0.6)
+  assert check["fast_site_tokens"] > 0
+  assert check["violations"] == 0 and check["max_error_over_bound"] <= 1.0
+
+
+def test_byte_accounting(tiny):
+  model, bases, widest = tiny("llama_gqa")
+  dense = metrics.byte_accounting(model.params, None, None)
+  assert dense["speedup_bytes"] == 1.0 and dense["speedup_paper"] == 1.0
+  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  sites = site_kernels(params)
+  all_fast = {layer: {site: 1.0 for site in s} for layer, s in sites.items()}
+  fast = metrics.byte_accounting(params, 8, all_fast)
+  # Paper formula at p_slow = 0: d / k per map.
+  assert fast["speedup_paper"] > fast["speedup_linear_bytes"] > 1.0  # V_k costs bytes
+  never = metrics.byte_accounting(params, 8, None)
+  assert never["speedup_bytes"] < 1.0  # always slow: GSI reads more than dense
+  assert never["storage_overhead"] > 0

@@ -1,0 +1,96 @@
+"""Bad sources raise GSIError with a message that names the problem."""
+
+import json
+import shutil
+
+import pytest
+
+import gsi_jax
+from gsi_jax import GSIError
+from gsi_jax.loading.load import PRESETS, _package_file
+
+
+def test_unknown_preset():
+  with pytest.raises(GSIError, match="unknown model 'no-such-model'"):
+    gsi_jax.load_model("no-such-model")
+
+
+def test_missing_path(tmp_path):
+  with pytest.raises(GSIError, match="no such file or folder"):
+    gsi_jax.load_model(str(tmp_path / "absent.gguf"))
+
+
+def test_not_gguf(tmp_path):
+  path = tmp_path / "model.gguf"
+  path.write_bytes(b"not a gguf file at all")
+  with pytest.raises(GSIError, match="not a GGUF file"):
+    gsi_jax.load_model(str(path))
+
+
+@pytest.mark.parametrize("keep", [100_000, 50_000_000])
+def test_truncated_gguf(tmp_path, keep):
+  """Cut in the metadata, and cut in the tensor data."""
+  path = tmp_path / "cut.gguf"
+  with open(_package_file(PRESETS["smollm2-135m"]), "rb") as f:
+    path.write_bytes(f.read(keep))
+  with pytest.raises(GSIError, match="truncated"):
+    gsi_jax.load_model(str(path))
+
+
+def _tiny_with(tiny_folder, tmp_path, name, **overrides):
+  folder, _ = tiny_folder(name)
+  dst = tmp_path / "model"
+  shutil.copytree(folder, dst)
+  config = json.loads((dst / "config.json").read_text())
+  config.update(overrides)
+  (dst / "config.json").write_text(json.dumps(config))
+  return str(dst)
+
+
+def test_unsupported_architecture(tiny_folder, tmp_path):
+  with pytest.raises(GSIError, match="model_type 'bert' is not supported"):
+    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "gpt2", model_type="bert"))
+
+
+def test_unsupported_config_value(tiny_folder, tmp_path):
+  with pytest.raises(GSIError, match="scale_attn_by_inverse_layer_idx=True"):
+    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "gpt2",
+                                  scale_attn_by_inverse_layer_idx=True))
+
+
+def test_unsupported_rope_type(tiny_folder, tmp_path):
+  with pytest.raises(GSIError, match="rope type 'yarn'"):
+    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "llama_mha",
+                                  rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}))
+
+
+def test_unknown_config_attribute(tiny_folder, tmp_path):
+  with pytest.raises(GSIError, match="does not know: \\['qk_layernorm'\\]"):
+    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "llama_gqa", qk_layernorm=True))
+
+
+def test_missing_tensor(tiny_folder, tmp_path):
+  from safetensors.torch import load_file, save_file
+  folder = _tiny_with(tiny_folder, tmp_path, "opt")
+  state = load_file(f"{folder}/model.safetensors")
+  del state["model.decoder.layers.1.fc2.weight"]
+  save_file(state, f"{folder}/model.safetensors")
+  with pytest.raises(GSIError, match="no tensor 'decoder.layers.1.fc2.weight'"):
+    gsi_jax.load_model(folder)
+
+
+def test_wrong_shape(tiny_folder, tmp_path):
+  folder = _tiny_with(tiny_folder, tmp_path, "gptj", n_inner=64)
+  with pytest.raises(GSIError, match="mlp.fc_in.weight has shape"):
+    gsi_jax.load_model(folder)
+
+
+def test_hub_id_offline_fails_clearly(monkeypatch):
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  with pytest.raises(GSIError, match="not in the local cache"):
+    gsi_jax.load_model("someone/not-cached-model")
+
+
+def test_bad_dtype():
+  with pytest.raises(GSIError, match="dtype 'int8'"):
+    gsi_jax.load_model("smollm2-135m", dtype="int8")
