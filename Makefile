@@ -23,3 +23,14 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Every table and figure of results/ for the default model (about half an hour here).
+results: $(STAMP)
+	$(PY) experiments/quality_table.py --mode gated,static
+	$(PY) experiments/speedup_table.py
+	$(PY) experiments/generation_fidelity.py --k 256,384 --eps 0.05,0.1
+	$(PY) experiments/negative_control.py --k 128,256 --eps 0.05,0.1
+	$(PY) experiments/depth_coherence.py --k 64,256
+	$(PY) experiments/calibration_cost.py --k 256
+	$(PY) experiments/storage_overhead.py
+	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048

@@ -57,3 +57,15 @@ def save(name: str, folder, seed: int = 0, torch_bin: bool = False):
   else:
     model.save_pretrained(folder)
   return model
+
+
+def save_char_tokenizer(folder, vocab_size: int = 101):
+  """A character-level tokenizer that fits the tiny vocabularies, so text flows end to end."""
+  import string
+
+  from tokenizers import Tokenizer, decoders, models
+  chars = [c for c in string.printable if c not in "\x0b\x0c"][:vocab_size - 1]
+  vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+  tok = Tokenizer(models.BPE(vocab, [], unk_token="[UNK]"))
+  tok.decoder = decoders.Fuse()
+  transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)

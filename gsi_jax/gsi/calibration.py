@@ -43,6 +43,7 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
   for i in range(0, n, batch_size):
     grams = _accumulate(model.module, grams, params, jnp.asarray(windows_NT[i:i + batch_size]))
     if progress:
+      jax.block_until_ready(grams)  # dispatch is asynchronous: report work actually done
       done = min(i + batch_size, n)
       logging.info("calibration forward: %d/%d windows (%.0f s)", done, n, time.time() - start)
   # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
@@ -83,7 +84,20 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   if k_max > max(widths):
     raise GSIError(f"k_max={k_max} exceeds the widest site ({max(widths)})")
   grams = gram_matrices(model, params, ids, batch_size, progress)
-  vectors, eigenvalues, trace, cost = {}, {}, {}, {"seconds": 0.0, "flops": 0.0}
+  bases = solve(grams, k_max, method, progress)
+  bases.meta.update({
+      "model": model.config.name, "source_model": model.source,
+      "fingerprint": fingerprint(params), "text_source": source, "tokens": int(ids.size),
+      "seq_len": int(ids.shape[1]), "dtype": str(jnp.dtype(model.dtype)),
+  })
+  return bases
+
+
+def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False) -> Bases:
+  """Bases from Gram matrices; meta records the solve's time and modelled flops per site."""
+  if method not in METHODS:
+    raise GSIError(f"calibration method {method!r} is not one of {METHODS}")
+  vectors, eigenvalues, trace, per_site = {}, {}, {}, {}
   previous: dict[str, np.ndarray] = {}
   layers = sorted(grams, key=lambda name: int(name.split("_")[1]))
   for layer in layers:
@@ -96,8 +110,7 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
       else:
         w, V = top_eigenpairs(G, k)
         flops = cascade.eigh_flops(d)
-      cost["seconds"] += time.perf_counter() - t0
-      cost["flops"] += flops
+      per_site[f"{layer}/{site}"] = [time.perf_counter() - t0, float(flops)]
       previous[site] = V
       vectors.setdefault(layer, {})[site] = V.astype(np.float32)
       eigenvalues.setdefault(layer, {})[site] = w.astype(np.float32)
@@ -105,10 +118,9 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
     if progress:
       logging.info("calibration %s: %s done", method, layer)
   meta = {
-      "format_version": FORMAT_VERSION, "model": model.config.name, "source_model": model.source,
-      "fingerprint": fingerprint(params), "text_source": source, "tokens": int(ids.size),
-      "seq_len": int(ids.shape[1]), "method": method, "k_max": int(k_max),
-      "dtype": str(jnp.dtype(model.dtype)), "solve_seconds": cost["seconds"],
-      "solve_flops": cost["flops"],
+      "format_version": FORMAT_VERSION, "method": method, "k_max": int(k_max),
+      "solve_seconds": sum(c[0] for c in per_site.values()),
+      "solve_flops": sum(c[1] for c in per_site.values()),
+      "solve_cost_by_site": per_site,  # "layer/site": [seconds, flops]
   }
   return Bases(vectors, eigenvalues, trace, meta)

@@ -64,15 +64,23 @@ def refine(G: np.ndarray, V0: np.ndarray, max_sweeps: int = 8, tol: float = 1e-4
   p = block or k
   trace = float(np.trace(G))
   w, V = _ritz(G, V, k)
-  flops = 2 * d * d * k + 4 * d * k * k + eigh_flops(k)
+  flops = ritz_flops(d, k, k)
   for _ in range(max_sweeps):
     R = G @ V[:, :p] - V[:, :p] * w[:p]  # block residual of the leading Ritz pairs
     Q, passes = dgks_orthogonalize(V, R)
-    m = k + Q.shape[1]
     energy = w.sum()
     w, V = _ritz(G, np.concatenate([V, Q], axis=1), k)
-    flops += 2 * d * d * p + passes * 4 * d * k * p + 2 * d * p * p \
-        + 2 * d * d * m + 2 * d * m * m + eigh_flops(m) + 2 * d * m * k
+    flops += sweep_flops(d, k, p, Q.shape[1], passes)
     if w.sum() - energy < tol * trace:
       break
   return w, V, flops
+
+
+def ritz_flops(d: int, m: int, k: int) -> float:
+  """G W, W^T (G W), eigh of m x m, and the rotation back to k vectors."""
+  return 2 * d * d * m + 2 * d * m * m + eigh_flops(m) + 2 * d * m * k
+
+
+def sweep_flops(d: int, k: int, p: int, q: int, passes: int) -> float:
+  """One sweep: block residual, DGKS passes, QR, and Rayleigh-Ritz on k + q vectors."""
+  return 2 * d * d * p + passes * 4 * d * k * p + 4 * d * q * q + ritz_flops(d, k + q, k)

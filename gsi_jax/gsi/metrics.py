@@ -166,3 +166,28 @@ def theorem4_check(model, gsi_params, windows_NT: np.ndarray, eps: float,
   logging.info("theorem 4: %d fast site-tokens, %d violations", fast_tokens, violations)
   return {"eps": eps, "fast_site_tokens": fast_tokens, "violations": violations,
           "max_error_over_bound": worst_bound, "max_error_over_norm_r": worst_tight}
+
+
+def residual_ratios(model, params, bases, windows_NT: np.ndarray, ks: list[int],
+                    batch_size: int = 4) -> dict:
+  """rho = ||r|| / ||x|| of every token at every site, for several k at once.
+
+  Inputs come from the dense forward, so the fast-path share rho < eps read
+  off these arrays is the one a gate would see on the dense trajectory.
+  Returns {layer: {site: (tokens, len(ks)) float32}}.
+  """
+  out: dict = {}
+  for i in range(0, len(windows_NT), batch_size):
+    _, state = model.forward(params, windows_NT[i:i + batch_size], None,
+                             collections=("site_inputs",))
+    for layer, sites in state["site_inputs"].items():
+      for site, v in sites.items():
+        x = np.asarray(v["x"][0], np.float64).reshape(-1, v["x"][0].shape[-1])
+        V = bases.vectors[layer][site].astype(np.float64)
+        captured = np.cumsum((x @ V) ** 2, axis=1)  # ||V_k^T x||^2 for k = 1..k_max
+        total = np.sum(x**2, axis=1)
+        cols = [captured[:, min(k, V.shape[1]) - 1] for k in ks]
+        rho = np.sqrt(np.clip(1 - np.stack(cols, 1) / total[:, None], 0, None))
+        out.setdefault(layer, {}).setdefault(site, []).append(rho.astype(np.float32))
+  return {layer: {site: np.concatenate(parts) for site, parts in sites.items()}
+          for layer, sites in out.items()}

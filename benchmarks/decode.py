@@ -1,0 +1,131 @@
+"""Greedy decode tokens/s: JAX dense (and GSI points), against transformers PyTorch.
+
+  python benchmarks/decode.py --out results/benchmarks/decode.json
+  python benchmarks/decode.py --gsi 256:0.1,384:0.05 --out ...
+
+Same prompt and length for every contender, in one run.  JAX timings follow
+a compile-and-warm-up call, reported separately as compile_s.
+"""
+
+import json
+import os
+import resource
+import time
+
+import jax
+import numpy as np
+from absl import flags, logging
+
+import gsi_jax
+from gsi_jax import cli, text
+from gsi_jax.errors import GSIError
+from gsi_jax.gsi import metrics
+from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
+
+_MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
+_PROMPT = flags.DEFINE_string("prompt", "The Python interpreter reads a program and", "Prompt.")
+_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per run.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per contender (best is kept).")
+_GSI = flags.DEFINE_list("gsi", [], "GSI operating points k:eps, e.g. 256:0.1,384:0.05.")
+_TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
+_BASES_DIR = flags.DEFINE_string("bases_dir", DEFAULT_BASES_DIR, "Orbax bases cache.")
+_OUT = flags.DEFINE_string("out", "results/benchmarks/decode.json", "JSON output.")
+
+
+def peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def best_time(fn, repeats):
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def jax_decode(model, params, ids, n, repeats, gate=None):
+  t0 = time.perf_counter()
+  jax.block_until_ready(model.generate(params, ids, n, gate))
+  compile_s = time.perf_counter() - t0
+  seconds = best_time(lambda: jax.block_until_ready(model.generate(params, ids, n, gate)),
+                      repeats)
+  return n / seconds, compile_s
+
+
+def torch_decode(source: str, ids, n, repeats):
+  import torch
+  from transformers import AutoModelForCausalLM
+  from gsi_jax.loading.load import PRESETS, _package_file
+  path = _package_file(PRESETS[source]) if PRESETS.get(source, "").startswith("package:") else source
+  t0 = time.perf_counter()
+  if path.endswith(".gguf"):
+    folder, name = os.path.split(path)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+  else:
+    model = AutoModelForCausalLM.from_pretrained(path)
+  load_s = time.perf_counter() - t0
+  model.eval()
+  x = torch.from_numpy(ids).long()
+  def run():
+    with torch.no_grad():
+      model.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+  run()  # warm-up
+  return n / best_time(run, repeats), load_s
+
+
+def parse_points(values):
+  points = []
+  for v in values:
+    try:
+      k, eps = v.split(":")
+      points.append((int(k), float(eps)))
+    except ValueError:
+      raise GSIError(f"--gsi takes k:eps pairs like 256:0.1, got {v!r}") from None
+  return points
+
+
+def main(argv):
+  del argv
+  points = parse_points(_GSI.value)
+  t0 = time.perf_counter()
+  model = gsi_jax.load_model(_MODEL.value)
+  load_s = time.perf_counter() - t0
+  ids = model.encode(_PROMPT.value)[None]
+  n = _NEW.value
+  tps, compile_s = jax_decode(model, model.params, ids, n, _REPEATS.value)
+  result = {"model": model.config.name, "prompt_tokens": int(ids.shape[1]), "new_tokens": n,
+            "load_s": load_s, "compile_s": compile_s, "jax_dense_tokens_per_s": tps,
+            "peak_rss_mb": peak_rss_mb(), "devices": str(jax.devices()), "gsi": []}
+  logging.info("JAX dense: %.1f tok/s (compile %.1f s)", tps, compile_s)
+  if points:
+    calib = text.windows(model, text.PYDOC_CALIB, 256, 16384)
+    bases = cached_bases(model, model.params, calib, max(k for k, _ in points),
+                         bases_dir=_BASES_DIR.value or None)
+    for k, eps in points:
+      params = gsi_jax.apply_gsi(model.params, bases, k)
+      gate = gsi_jax.make_gate(eps, skip_residual=True)
+      g_tps, g_compile = jax_decode(model, params, ids, n, _REPEATS.value, gate)
+      _, share = model.generate(params, ids, n, gate, return_stats=True)
+      b = metrics.byte_accounting(params, k, share)
+      result["gsi"].append({
+          "k": k, "eps": eps, "tokens_per_s": g_tps, "compile_s": g_compile,
+          "decode_fast_share": metrics.mean_share(share),
+          "predicted_speedup_bytes": b["speedup_bytes"],
+          "predicted_speedup_paper": b["speedup_paper"],
+          "measured_speedup": g_tps / tps})
+      logging.info("JAX GSI k=%d eps=%g: %.1f tok/s", k, eps, g_tps)
+  if _TORCH.value:
+    t_tps, t_load = torch_decode(_MODEL.value, ids, n, _REPEATS.value)
+    result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
+                  jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())
+    logging.info("PyTorch: %.1f tok/s", t_tps)
+  print(json.dumps(result, indent=2))
+  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+  with open(_OUT.value, "w") as f:
+    json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  cli.run(main)

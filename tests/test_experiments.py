@@ -1,0 +1,86 @@
+"""Every experiment script end to end on tiny GPT-2, GPT-J and OPT checkpoints."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from tests import hf_models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_control",
+           "depth_coherence", "calibration_cost", "storage_overhead", "theorem4_check"]
+REQUIRED = {
+    "quality_table": {"k", "eps", "mode", "ppl_dense", "ppl", "ppl_ratio", "top1_agreement",
+                      "fast_share", "fast_share_by_site", "speedup_paper", "speedup_bytes",
+                      "calib_tokens", "eval_tokens"},
+    "generation_fidelity": {"prompt", "dense_text", "gsi_text", "identical",
+                            "first_divergence", "fast_share"},
+}
+SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
+         "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
+
+
+@pytest.fixture(scope="module")
+def tiny_with_tokenizer(tmp_path_factory):
+  cache = {}
+
+  def make(name):
+    if name not in cache:
+      folder = tmp_path_factory.mktemp(name)
+      hf_models.save(name, folder)
+      hf_models.save_char_tokenizer(folder)
+      (folder / "prompts.txt").write_text("def main():\nclass A:\n")
+      cache[name] = folder
+    return cache[name]
+  return make
+
+
+def run_in_process(script, argv):
+  spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "experiments",
+                                                                     script + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS([script] + argv)
+  try:
+    module.main([script])
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gptj", "opt"])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_end_to_end(tiny_with_tokenizer, tmp_path, family, script):
+  folder = tiny_with_tokenizer(family)
+  out = tmp_path / f"{script}.json"
+  run_in_process(script, SMALL + [f"--model={folder}", f"--out={out}",
+                                  f"--bases_dir={tmp_path / 'bases'}",
+                                  f"--prompts_file={folder / 'prompts.txt'}"])
+  result = json.loads(out.read_text())
+  assert result["config"]["model"] == str(folder)
+  assert result["records"], "no records"
+  for record in result["records"]:
+    assert REQUIRED.get(script, set()) <= set(record)
+  assert (tmp_path / f"{script}.md").exists()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--k=abc"], "--k must be a comma list of numbers"),
+    (["--eps=-1"], "--eps values must be >= 0"),
+    (["--mode=fast"], "--mode 'fast' is not one of"),
+    (["--no_such_flag=1"], "Unknown command line flag"),
+    (["--model=/nonexistent/model.gguf"], "no such file or folder"),
+])
+def test_bad_flags_exit_2_with_one_line(bad, message):
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "quality_table.py")]
+                        + bad, capture_output=True, text=True, cwd=ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 2, proc.stderr
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and message in lines[0], proc.stderr
+  assert "Traceback" not in proc.stderr

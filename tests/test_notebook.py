@@ -1,0 +1,26 @@
+"""The coherence notebook executes headless, with small sizes, on a tiny Llama."""
+
+import os
+
+import nbformat
+from nbclient import NotebookClient
+
+from tests import hf_models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_notebook_executes(tmp_path):
+  hf_models.save("llama_gqa", tmp_path)
+  hf_models.save_char_tokenizer(tmp_path)
+  nb = nbformat.read(os.path.join(ROOT, "notebooks", "subspace_coherence.ipynb"), as_version=4)
+  assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), \
+      "the notebook is stored with outputs"
+  params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+  params.source = "\n".join([
+      f"MODEL = {str(tmp_path)!r}", "CALIB_TOKENS = 512", "EVAL_TOKENS = 256", "SEQ_LEN = 32",
+      "K_LIST = [4, 8]", "EPS_LIST = [0.3, 0.6]", f"BASES_DIR = {str(tmp_path / 'bases')!r}"])
+  NotebookClient(nb, timeout=600, kernel_name="python3",
+                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+  printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+  assert "held-out" in printed and "in-sample" in printed
