@@ -159,7 +159,7 @@ def theorem4_check(model, gsi_params, windows_NT: np.ndarray, eps: float,
         for n, W in ks.items():
           err = np.linalg.norm(r @ np.asarray(W, np.float64), axis=-1)
           bound = norms[(layer, site, n)] * eps * x_norm
-          violations += int(np.sum(err > bound * (1 + 1e-6)))
+          violations += int(np.sum(err > bound * (1 + 1e-4)))  # float32 gate rounding
           worst_bound = max(worst_bound, float(np.max(err / bound)))
           worst_tight = max(worst_tight, float(np.max(err / (norms[(layer, site, n)] * r_norm
                                                               + 1e-30))))

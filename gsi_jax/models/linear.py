@@ -54,34 +54,45 @@ def split_outputs(y_BTO: jax.Array, sizes: tuple[int, ...]) -> list[jax.Array]:
   return jnp.split(y_BTO, bounds, axis=-1)
 
 
+def gate_mask(x_BTD, g_BTK, eps):
+  """rho < eps, with ||r||^2 = ||x||^2 - ||g||^2 (V orthonormal): V is read once.
+
+  Written without a division; eps = 0 is never fast, eps = inf always.
+  """
+  xx = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
+  gg = jnp.sum(jnp.square(g_BTK.astype(jnp.float32)), -1)
+  return (xx - gg < jnp.square(eps) * xx) & (eps > 0)
+
+
 def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual):
   """Per-token GSI: M g on fast tokens, W x on slow ones.
 
-  A masked select, so under XLA both branches are computed unless
-  skip_residual wraps the W x matmul in a conditional.  Returns the outputs
-  per map (in kernels' order) and the fast mask (B, T).
+  A masked select, so under XLA both branches are computed, unless
+  skip_residual: then a three-way lax.switch on the call's gate pattern runs
+  only M g (all fast), only W x (all slow) or both (mixed).  At batch-1
+  decoding the mixed case cannot occur, so a step reads V and M, or V and W.
+  Returns the outputs per map (in kernels' order) and the fast mask (B, T).
   """
   sizes = tuple(W.shape[1] for W in kernels)
   g_BTK = x_BTD @ V_DK
-  fast_outs = split_outputs(g_BTK @ M_KO, sizes)
-  if static:
-    return fast_outs, jnp.ones(x_BTD.shape[:-1], bool)
-  x32 = x_BTD.astype(jnp.float32)
-  r_BTD = x32 - (g_BTK @ V_DK.T).astype(jnp.float32)
-  # rho < eps, written without a division: eps = 0 is never fast, inf always.
-  fast_BT = (jnp.sum(r_BTD**2, -1) < jnp.square(eps) * jnp.sum(x32**2, -1))
 
-  def dense():
+  def fast():
+    return split_outputs(g_BTK @ M_KO, sizes)
+
+  if static:
+    return fast(), jnp.ones(x_BTD.shape[:-1], bool)
+  fast_BT = gate_mask(x_BTD, g_BTK, eps)
+
+  def slow():
     return [x_BTD @ W for W in kernels]
 
-  if skip_residual:
-    slow_outs = jax.lax.cond(
-        jnp.all(fast_BT), lambda: [jnp.zeros_like(y) for y in fast_outs], dense)
-  else:
-    slow_outs = dense()
-  outs = [jnp.where(fast_BT[..., None], f, s)
-          for f, s in zip(fast_outs, slow_outs)]
-  return outs, fast_BT
+  def mixed():
+    return [jnp.where(fast_BT[..., None], f, s) for f, s in zip(fast(), slow())]
+
+  if not skip_residual:
+    return mixed(), fast_BT
+  branch = jnp.where(jnp.all(fast_BT), 0, jnp.where(jnp.any(fast_BT), 1, 2))
+  return jax.lax.switch(branch, [fast, mixed, slow]), fast_BT
 
 
 class LinearSite(nn.Module):

@@ -1,0 +1,44 @@
+"""Tensor-parallel placement of (V_k, M, W) trees across a device mesh.
+
+W and M split along d_out (their columns), biases with them; V_k, norms and
+embeddings are replicated.  The gated forward and decode then run unchanged
+under jit: XLA's partitioner inserts the collectives, and every device
+computes g = V_k^T x and the gate for its own column slice.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from gsi_jax.gsi.bases import site_kernels
+
+AXIS = "model"
+
+
+def make_mesh(n_devices: int | None = None) -> Mesh:
+  devices = jax.devices()[:n_devices] if n_devices else jax.devices()
+  return Mesh(np.array(devices), (AXIS,))
+
+
+def _spec(path_keys, leaf, sites, n) -> P:
+  layer = path_keys[0]
+  in_site = layer in sites and len(path_keys) > 1 and path_keys[1] in sites[layer]
+  if not in_site or path_keys[2] == "basis":
+    return P()
+  out_dim = leaf.shape[-1]
+  if out_dim % n:
+    return P()  # a width the mesh does not divide stays whole
+  return P(None, AXIS) if leaf.ndim == 2 else P(AXIS)
+
+
+def shard_params(params, mesh: Mesh):
+  """Place every leaf on the mesh: site kernels/images/biases split by columns."""
+  sites = site_kernels(params)
+  n = mesh.devices.size
+
+  def place(path, leaf):
+    keys = [p.key for p in path]
+    return jax.device_put(leaf, NamedSharding(mesh, _spec(keys, leaf, sites, n)))
+  return jax.tree_util.tree_map_with_path(place, params)
