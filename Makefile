@@ -34,3 +34,9 @@ results: $(STAMP)
 	$(PY) experiments/calibration_cost.py --k 256
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
+
+# Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
+benchmarks: $(STAMP)
+	$(PY) benchmarks/linear.py
+	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
+	$(PY) benchmarks/calibration.py

@@ -30,6 +30,8 @@ _F = flags.DEFINE_list("fast_share", ["0", "0.5", "0.9", "1.0"], "Forced fast-pa
 _TOKENS = flags.DEFINE_integer("tokens", 64, "Tokens decoded per timed scan.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed scans (best kept).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and activations.")
+_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas"],
+                          "GSI map: XLA with the batch-1 switch, or the Pallas kernel (GPU).")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/linear.json", "JSON output.")
 EPS = 0.1
 
@@ -45,6 +47,16 @@ def gsi_scan(x_TD, V_DK, M_KO, W_DO):
     (y,), _ = gated_outputs(x[None, None], [W_DO], V_DK, M_KO, EPS, static=False,
                             skip_residual=True)
     return c, y[0, 0]
+  return jax.lax.scan(step, None, x_TD)[1]
+
+
+@jax.jit
+def pallas_scan(x_TD, V_DK, M_KO, W_DO):
+  from gsi_jax.kernels import gated_linear
+
+  def step(c, x):
+    y, _ = gated_linear(x[None], V_DK, M_KO, W_DO, EPS)
+    return c, y[0]
   return jax.lax.scan(step, None, x_TD)[1]
 
 
@@ -95,11 +107,16 @@ def main(argv):
         M = (V.astype(jnp.float32).T @ W.astype(jnp.float32)).astype(dtype)
         for f in shares:
           x = jnp.asarray(tokens(rng, V_np, n, f), dtype)
-          gsi_ms = best_ms(lambda: gsi_scan(x, V, M, W), _REPEATS.value) / n
-          ideal = d * d_out / (d * k + f * k * d_out + (1 - f) * d * d_out)
+          scan = pallas_scan if _IMPL.value == "pallas" else gsi_scan
+          gsi_ms = best_ms(lambda: scan(x, V, M, W), _REPEATS.value) / n
+          gsi_bytes = (d * k + f * k * d_out + (1 - f) * d * d_out) * dtype.itemsize
+          dense_bytes = d * d_out * dtype.itemsize
+          ideal = dense_bytes / gsi_bytes
           rec = {"d": d, "d_out": d_out, "k": k, "fast_share": f, "dtype": _DTYPE.value,
-                 "dense_ms": dense_ms, "gsi_ms": gsi_ms, "measured_speedup": dense_ms / gsi_ms,
-                 "ideal_speedup": ideal, "of_ideal": dense_ms / gsi_ms / ideal}
+                 "impl": _IMPL.value, "dense_ms": dense_ms, "gsi_ms": gsi_ms,
+                 "measured_speedup": dense_ms / gsi_ms, "ideal_speedup": ideal,
+                 "of_ideal": dense_ms / gsi_ms / ideal,
+                 "dense_gb_s": dense_bytes / dense_ms / 1e6, "gsi_gb_s": gsi_bytes / gsi_ms / 1e6}
           records.append(rec)
           logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %.2fx (ideal %.2fx)",
                        d, d_out, k, f, dense_ms, gsi_ms, rec["measured_speedup"], ideal)

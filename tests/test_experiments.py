@@ -13,14 +13,17 @@ from tests import hf_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_control",
-           "depth_coherence", "calibration_cost", "storage_overhead", "theorem4_check"]
+           "depth_coherence", "calibration_cost", "storage_overhead", "theorem4_check", "pareto"]
 REQUIRED = {
     "quality_table": {"k", "eps", "mode", "ppl_dense", "ppl", "ppl_ratio", "top1_agreement",
                       "fast_share", "fast_share_by_site", "speedup_paper", "speedup_bytes",
                       "calib_tokens", "eval_tokens"},
     "generation_fidelity": {"prompt", "dense_text", "gsi_text", "identical",
                             "first_divergence", "fast_share"},
+    "pareto": {"method", "knob", "bytes_per_token", "bytes_fraction", "ppl_ratio",
+               "top1_agreement"},
 }
+EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
@@ -40,11 +43,16 @@ def tiny_with_tokenizer(tmp_path_factory):
   return make
 
 
+_MODULES = {}
+
+
 def run_in_process(script, argv):
-  spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "experiments",
-                                                                     script + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  if script not in _MODULES:  # a script's own flags may be defined once only
+    spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "experiments",
+                                                                       script + ".py"))
+    _MODULES[script] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(_MODULES[script])
+  module = _MODULES[script]
   flags.FLAGS.unparse_flags()
   flags.FLAGS([script] + argv)
   try:
@@ -58,7 +66,7 @@ def run_in_process(script, argv):
 def test_script_end_to_end(tiny_with_tokenizer, tmp_path, family, script):
   folder = tiny_with_tokenizer(family)
   out = tmp_path / f"{script}.json"
-  run_in_process(script, SMALL + [f"--model={folder}", f"--out={out}",
+  run_in_process(script, SMALL + EXTRA.get(script, []) + [f"--model={folder}", f"--out={out}",
                                   f"--bases_dir={tmp_path / 'bases'}",
                                   f"--prompts_file={folder / 'prompts.txt'}"])
   result = json.loads(out.read_text())

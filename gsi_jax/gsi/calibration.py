@@ -31,7 +31,7 @@ def _accumulate(module, grams, params, ids_BT):
 
 def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
                   progress: bool = True) -> dict:
-  """{layer: {site: X^T X}} over all windows, in float32, memory bounded by one batch."""
+  """{layer: {site: X^T X}} over all windows (float32 numpy); memory bounded by one batch."""
   _, state = jax.eval_shape(
       lambda p, x: model.module.apply({"params": p}, x, mutable=["site_inputs"]),
       params, jnp.zeros((1, windows_NT.shape[1]), jnp.int32))
@@ -46,9 +46,7 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
       jax.block_until_ready(grams)  # dispatch is asynchronous: report work actually done
       done = min(i + batch_size, n)
       logging.info("calibration forward: %d/%d windows (%.0f s)", done, n, time.time() - start)
-  # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
-  return jax.tree.map(lambda G: (np.asarray(G, np.float64) + np.asarray(G, np.float64).T) / 2,
-                      grams)
+  return jax.device_get(grams)
 
 
 def top_eigenpairs(G: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +99,9 @@ def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False)
   previous: dict[str, np.ndarray] = {}
   layers = sorted(grams, key=lambda name: int(name.split("_")[1]))
   for layer in layers:
-    for site, G in grams[layer].items():
+    for site, G32 in grams[layer].items():
+      # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
+      G = (np.asarray(G32, np.float64) + np.asarray(G32, np.float64).T) / 2
       d = G.shape[0]
       k = min(k_max, d)  # a site narrower than k_max keeps its full basis
       t0 = time.perf_counter()

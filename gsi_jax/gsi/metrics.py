@@ -25,30 +25,34 @@ from gsi_jax.models.linear import Gate
 @functools.partial(jax.jit, static_argnames=("module",))
 def _score_batch(module, params, ids_BT, gate):
   (logits, _), state = module.apply({"params": params}, ids_BT, gate=gate,
-                                    mutable=["gate_stats"])
+                                    mutable=["gate_stats", "sparsity_stats"])
   logp = jax.nn.log_softmax(logits[:, :-1], -1)
   nll = -jnp.take_along_axis(logp, ids_BT[:, 1:, None], -1)[..., 0]
-  fast = {layer: {site: jnp.sum(v["fast"][0][:, :-1], dtype=jnp.float32)
-                  for site, v in sites.items()}
-          for layer, sites in state.get("gate_stats", {}).items()}
-  return nll, jnp.argmax(logits[:, :-1], -1), fast
+
+  def sums(collection, name):
+    return {layer: {site: jnp.sum(v[name][0][:, :-1], dtype=jnp.float32)
+                    for site, v in sites.items()}
+            for layer, sites in state.get(collection, {}).items()}
+  return nll, jnp.argmax(logits[:, :-1], -1), (sums("gate_stats", "fast"),
+                                               sums("sparsity_stats", "kept"))
 
 
 def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
           batch_size: int = 4) -> dict:
-  """Next-token NLL and argmax per position, and fast-token counts per site.
+  """Next-token NLL and argmax per position; per site, the fast-token share and
+  (for magnitude sparsity) the share of input entries kept.
 
   The last position of each window has no target and is left out everywhere.
   """
-  nll, top1, fast = [], [], None
+  nll, top1, counts = [], [], None
   for i in range(0, len(windows_NT), batch_size):
-    n, t, f = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)
+    n, t, c = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)
     nll.append(np.asarray(n))
     top1.append(np.asarray(t))
-    fast = f if fast is None else jax.tree.map(jnp.add, fast, f)
+    counts = c if counts is None else jax.tree.map(jnp.add, counts, c)
   nll, top1 = np.concatenate(nll), np.concatenate(top1)
-  share = jax.tree.map(lambda c: float(c) / nll.size, fast or {})
-  return {"nll": nll, "top1": top1, "fast_share_by_layer": share}
+  fast, kept = jax.tree.map(lambda c: float(c) / nll.size, counts)
+  return {"nll": nll, "top1": top1, "fast_share_by_layer": fast, "kept_share_by_layer": kept}
 
 
 def mean_share(share_by_layer: dict) -> float:
@@ -75,6 +79,27 @@ def quality(dense: dict, gsi: dict) -> dict:
           "fast_share_by_site": share_by_site(gsi["fast_share_by_layer"])}
 
 
+def other_elements(params) -> int:
+  """Weights a decode step reads outside the sites' kernels: norms, biases, the LM head,
+  and one row of each embedding table (a tied LM head reads the whole table)."""
+  sites = site_kernels(params)
+  other = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [p.key for p in path]
+    in_site = keys[0] in sites and keys[1] in sites[keys[0]]
+    if in_site and keys[2] not in ("bias", "threshold"):
+      continue  # kernels, basis, image: counted per method
+    other += leaf.shape[1] if keys[-1] == "embedding" else leaf.size
+  if "lm_head" not in params:
+    other += params["embed"]["embedding"].size
+  return other
+
+
+def linear_elements_dense(params) -> float:
+  return float(sum(W.size for s in site_kernels(params).values() for ks in s.values()
+                   for W in ks.values()))
+
+
 def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> dict:
   """Weight bytes read per decoded token (batch 1), dense and GSI, by both counts.
 
@@ -98,17 +123,7 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> 
       p_slow = 1.0 - share.get(layer, {}).get(site, 0.0)
       lin_gsi += d * k_site + k_site * out + p_slow * d * out
       paper_cost += out * (k_site + p_slow * d)
-  # Everything else a decode step reads: norms, biases, the LM head, and one
-  # row of each embedding table (the tied LM head reads the whole table).
-  other = 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    keys = [p.key for p in path]
-    in_site = keys[0] in sites and keys[1] in sites[keys[0]]
-    if in_site and keys[2] != "bias":
-      continue  # kernels, basis, image: counted above
-    other += leaf.shape[1] if keys[-1] == "embedding" else leaf.size
-  if "lm_head" not in params:
-    other += params["embed"]["embedding"].size
+  other = other_elements(params)
   total_dense = (lin_dense + other) * itemsize
   total_gsi = (lin_gsi + other) * itemsize
   storage = 0
@@ -121,7 +136,7 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> 
       "bytes_per_token_dense": total_dense, "bytes_per_token": total_gsi,
       "bytes_fraction": total_gsi / total_dense, "speedup_bytes": total_dense / total_gsi,
       "speedup_linear_bytes": lin_dense / lin_gsi, "speedup_paper": lin_dense / paper_cost,
-      "lm_head_and_embedding_share_dense": (other * itemsize) / total_dense,
+      "outside_sites_share_dense": (other * itemsize) / total_dense,  # mostly the LM head
       "effective_params": total_gsi / itemsize, "effective_params_paper": paper_cost,
       "params_total": float(model_size), "storage_overhead": storage / max(model_size, 1),
   }

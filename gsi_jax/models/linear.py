@@ -109,6 +109,10 @@ class LinearSite(nn.Module):
         for i, (n, o, _) in enumerate(self.outputs)})
     # Calibration reads every site's input from this collection.
     self.sow("site_inputs", "x", x_BTD)
+    if self.has_variable("params", "threshold"):  # magnitude sparsity (a GSI peer)
+      keep_BTD = jnp.abs(x_BTD) >= self.get_variable("params", "threshold")
+      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
+      x_BTD = jnp.where(keep_BTD, x_BTD, 0)
     # The image M stacks the maps' columns in sorted name order (pytree order).
     names = sorted(kernel)
     gsi = self.has_variable("params", "basis")
