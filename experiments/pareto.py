@@ -2,8 +2,9 @@
 
   python experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5,1.0
 
-Methods: gsi (k x eps), static projection (k), activation-aware weight SVD
-(rank), magnitude activation sparsity (target sparsity).  Bytes count every
+Methods: gsi (k x eps), gsi_out (the output-aware gate ||W r|| < eps ||W x||,
+k x eps), static projection (k), activation-aware weight SVD (rank), magnitude
+activation sparsity (target sparsity).  Bytes count every
 weight each method reads per decoded token, the LM head and embeddings
 included (a threshold is one scalar per site; a basis is d x k).
 """
@@ -25,6 +26,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("svd_ranks", ["32", "64", "128", "192", "256"], "Weight-SVD ranks.")
 flags.DEFINE_list("sparsity", ["0.1", "0.25", "0.4", "0.5", "0.6", "0.7"],
                   "Magnitude-sparsity targets.")
+flags.DEFINE_integer("output_sketch", 32, "Sketch columns of the output-aware gate (0: skip it).")
 OUT = "results/pareto.json"
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 
@@ -72,11 +74,15 @@ def main(argv):
   records = []
   for k in ks:
     params = gsi_jax.apply_gsi(base, s.bases, k)
-    for eps in epsilons:
-      r = record("gsi", f"k={k},eps={eps}", params, gsi_jax.make_gate(eps), 0.0)
-      b = metrics.byte_accounting(params, k, r["scores"]["fast_share_by_layer"])
-      r.update(bytes_per_token=b["bytes_per_token"], bytes_fraction=b["bytes_fraction"])
-      records.append(r)
+    variants = [("gsi", params)]
+    if FLAGS.output_sketch:
+      variants.append(("gsi_out", gsi_jax.apply_gsi(base, s.bases, k, FLAGS.output_sketch)))
+    for method, p in variants:
+      for eps in epsilons:
+        r = record(method, f"k={k},eps={eps}", p, gsi_jax.make_gate(eps), 0.0)
+        b = metrics.byte_accounting(p, k, r["scores"]["fast_share_by_layer"])
+        r.update(bytes_per_token=b["bytes_per_token"], bytes_fraction=b["bytes_fraction"])
+        records.append(r)
     b = metrics.byte_accounting(params, k, {l: {site: 1.0 for site in v}
                                             for l, v in s.bases.vectors.items()})
     records.append(record("static", f"k={k}", params, gsi_jax.make_gate(0.0, "static"),
@@ -101,7 +107,7 @@ def main(argv):
   budgets = []
   for budget in BUDGETS:
     row = {"budget": budget}
-    for method in ("gsi", "static", "svd", "sparsity"):
+    for method in ("gsi", "gsi_out", "static", "svd", "sparsity"):
       mine = [r for r in records if r["method"] == method]
       row[f"{method}_ppl_ratio"] = frontier_at(mine, budget, "ppl_ratio")
       row[f"{method}_top1"] = frontier_at(mine, budget, "top1_agreement")
@@ -111,12 +117,13 @@ def main(argv):
                                 "top1_agreement", "generations_identical"], OUT)
   print(harness.markdown_table(budgets, list(budgets[0])))
   fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-  for method, marker in (("gsi", "o"), ("static", "s"), ("svd", "^"), ("sparsity", "v")):
+  for method, marker in (("gsi", "o"), ("gsi_out", "D"), ("static", "s"), ("svd", "^"),
+                         ("sparsity", "v")):
     mine = sorted((r for r in records if r["method"] == method), key=lambda r: r["bytes_fraction"])
     axes[0].plot([r["bytes_fraction"] for r in mine], [r["ppl_ratio"] for r in mine], marker,
-                 label=method, ls="-" if method != "gsi" else "none")
+                 label=method, ls="none" if method.startswith("gsi") else "-")
     axes[1].plot([r["bytes_fraction"] for r in mine], [r["top1_agreement"] for r in mine],
-                 marker, label=method, ls="-" if method != "gsi" else "none")
+                 marker, label=method, ls="none" if method.startswith("gsi") else "-")
   axes[0].set(xlabel="weight bytes per token / dense", ylabel="perplexity ratio", yscale="log")
   axes[1].set(xlabel="weight bytes per token / dense", ylabel="top-1 agreement")
   for ax in axes:

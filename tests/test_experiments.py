@@ -23,7 +23,7 @@ REQUIRED = {
     "pareto": {"method", "knob", "bytes_per_token", "bytes_fraction", "ppl_ratio",
                "top1_agreement"},
 }
-EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3"]}
+EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 

@@ -230,3 +230,27 @@ def test_byte_accounting(tiny):
   never = metrics.byte_accounting(params, 8, None)
   assert never["speedup_bytes"] < 1.0  # always slow: GSI reads more than dense
   assert never["storage_overhead"] > 0
+
+
+def test_output_aware_gate_matches_exact_output_error(tiny):
+  """With as many sketch columns as outputs, the gate is exactly ||W r|| < eps ||W x||."""
+  model, bases, _ = tiny("llama_gqa")
+  k, eps = 8, 0.5
+  params = gsi_jax.apply_gsi(model.params, bases, k, output_sketch=10_000)
+  _, state = model.forward(params, EVAL, make_gate(eps),
+                           collections=("site_inputs", "gate_stats"))
+  for layer, sites in site_kernels(params).items():
+    for site, kernels in sites.items():
+      x = np.asarray(state["site_inputs"][layer][site]["x"][0], np.float64)
+      W = np.concatenate([np.asarray(kernels[n], np.float64) for n in sorted(kernels)], 1)
+      V = np.asarray(params[layer][site]["basis"], np.float64)
+      r = x - (x @ V) @ V.T
+      want = np.linalg.norm(r @ W, axis=-1) < eps * np.linalg.norm(x @ W, axis=-1)
+      got = np.asarray(state["gate_stats"][layer][site]["fast"][0])
+      assert (got == want).mean() > 0.99, (layer, site)  # float32 ties at the boundary
+  assert 0 < np.mean([np.asarray(v["fast"][0]).mean() for s in state["gate_stats"].values()
+                      for v in s.values()]) < 1
+  small = gsi_jax.apply_gsi(model.params, bases, k, output_sketch=4)
+  b = metrics.byte_accounting(small, k, None)
+  assert b["bytes_per_token"] > metrics.byte_accounting(
+      gsi_jax.apply_gsi(model.params, bases, k), k, None)["bytes_per_token"]

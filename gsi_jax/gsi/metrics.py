@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.gsi.bases import site_kernels
+from gsi_jax.gsi.transform import GSI_KEYS
 from gsi_jax.models.linear import Gate
 
 
@@ -121,7 +122,9 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> 
         continue
       k_site = min(k, d)
       p_slow = 1.0 - share.get(layer, {}).get(site, 0.0)
-      lin_gsi += d * k_site + k_site * out + p_slow * d * out
+      node = params[layer][site]
+      gate_cost = sum(node[n].size for n in ("sketch", "sketch_image") if n in node)
+      lin_gsi += d * k_site + gate_cost + k_site * out + p_slow * d * out
       paper_cost += out * (k_site + p_slow * d)
   other = other_elements(params)
   total_dense = (lin_dense + other) * itemsize
@@ -130,7 +133,7 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> 
   for layer, layer_sites in sites.items():
     for site in layer_sites:
       node = params[layer][site]
-      storage += sum(node[n].size for n in ("basis", "image") if n in node)
+      storage += sum(node[n].size for n in GSI_KEYS if n in node)
   model_size = sum(leaf.size for leaf in jax.tree.leaves(params)) - storage
   return {
       "bytes_per_token_dense": total_dense, "bytes_per_token": total_gsi,

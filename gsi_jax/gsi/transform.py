@@ -9,6 +9,9 @@ from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import Bases, fingerprint, site_kernels
 
 
+GSI_KEYS = ("basis", "image", "sketch", "sketch_image")
+
+
 def site_rank(k: int, d: int) -> int:
   """k is capped at each site's width, so k = max width is exactly dense everywhere."""
   return min(k, d)
@@ -29,10 +32,13 @@ def check_bases(params, bases: Bases) -> None:
         raise GSIError(f"bases lack a {d}-wide basis for {layer}/{site}; calibrate for this model")
 
 
-def apply_gsi(params, bases: Bases, k: int):
+def apply_gsi(params, bases: Bases, k: int, output_sketch: int = 0, seed: int = 0):
   """New params where every site also holds basis V_DK and image M_KO = V^T [W_1|W_2|...].
 
   The dense kernels stay (the slow path needs them); biases are untouched.
+  output_sketch = s > 0 adds C = W Omega (d, s) and D = V^T C (k, s), which
+  switch the site to the output-aware gate ||W r|| < eps ||W x|| (beyond the
+  paper; s columns of a random orthonormal Omega estimate both norms).
   """
   k = int(k)
   widths = [W.shape[0] for s in site_kernels(params).values() for ks in s.values()
@@ -53,7 +59,15 @@ def apply_gsi(params, bases: Bases, k: int):
                        f"{k_site}; calibrate with k_max >= {k_site}")
       V_DK = jnp.asarray(np.asarray(V[:, :k_site]), W_DO.dtype)
       M_KO = (V_DK.astype(jnp.float32).T @ W_DO.astype(jnp.float32)).astype(W_DO.dtype)
-      block[site] = {**block[site], "basis": V_DK, "image": M_KO}
+      extra = {"basis": V_DK, "image": M_KO}
+      if output_sketch:
+        s_cols = min(output_sketch, W_DO.shape[1])
+        key = np.random.default_rng([seed, int(layer.split("_")[1]), len(site)])
+        omega, _ = np.linalg.qr(key.normal(size=(W_DO.shape[1], s_cols)))
+        C_DS = W_DO.astype(jnp.float32) @ jnp.asarray(omega, jnp.float32)
+        extra["sketch"] = C_DS.astype(W_DO.dtype)
+        extra["sketch_image"] = (V_DK.astype(jnp.float32).T @ C_DS).astype(W_DO.dtype)
+      block[site] = {**block[site], **extra}
     out[layer] = block
   return out
 
@@ -63,6 +77,6 @@ def dense_params(params):
   out = dict(params)
   for layer, layer_sites in site_kernels(params).items():
     out[layer] = {**out[layer], **{
-        site: {k: v for k, v in out[layer][site].items() if k not in ("basis", "image")}
+        site: {k: v for k, v in out[layer][site].items() if k not in GSI_KEYS}
         for site in layer_sites}}
   return out

@@ -64,13 +64,25 @@ def gate_mask(x_BTD, g_BTK, eps):
   return (xx - gg < jnp.square(eps) * xx) & (eps > 0)
 
 
-def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual):
+def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps):
+  """Output-aware gate: ||W r|| < eps ||W x||, both norms read through a sketch.
+
+  C = W Omega and D = V^T C for a random Omega with s orthonormal columns,
+  so x C - g D = r W Omega and x C = x W Omega: s columns stand in for O.
+  """
+  xc = (x_BTD @ C_DS).astype(jnp.float32)
+  e = xc - (g_BTK @ D_KS).astype(jnp.float32)
+  return (jnp.sum(e * e, -1) < jnp.square(eps) * jnp.sum(xc * xc, -1)) & (eps > 0)
+
+
+def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual, sketch=None):
   """Per-token GSI: M g on fast tokens, W x on slow ones.
 
   A masked select, so under XLA both branches are computed, unless
   skip_residual: then a three-way lax.switch on the call's gate pattern runs
   only M g (all fast), only W x (all slow) or both (mixed).  At batch-1
   decoding the mixed case cannot occur, so a step reads V and M, or V and W.
+  sketch: (C_DS, D_KS) switches to the output-aware gate.
   Returns the outputs per map (in kernels' order) and the fast mask (B, T).
   """
   sizes = tuple(W.shape[1] for W in kernels)
@@ -81,7 +93,10 @@ def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual):
 
   if static:
     return fast(), jnp.ones(x_BTD.shape[:-1], bool)
-  fast_BT = gate_mask(x_BTD, g_BTK, eps)
+  if sketch is None:
+    fast_BT = gate_mask(x_BTD, g_BTK, eps)
+  else:
+    fast_BT = output_gate_mask(x_BTD, g_BTK, *sketch, eps)
 
   def slow():
     return [x_BTD @ W for W in kernels]
@@ -123,7 +138,10 @@ class LinearSite(nn.Module):
           x_BTD, [kernel[n] for n in names],
           self.get_variable("params", "basis"),
           self.get_variable("params", "image"), gate.eps,
-          static=gate.mode == "static", skip_residual=gate.skip_residual)
+          static=gate.mode == "static", skip_residual=gate.skip_residual,
+          sketch=(self.get_variable("params", "sketch"),
+                  self.get_variable("params", "sketch_image"))
+          if self.has_variable("params", "sketch") else None)
       self.sow("gate_stats", "fast", fast_BT)
     biased = {n: o for n, o, has_bias in self.outputs if has_bias}
     if biased:
