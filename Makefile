@@ -27,6 +27,7 @@ clean:
 # Every table and figure of results/ for the default model (about half an hour here).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
+	$(PY) experiments/quality_table.py --k 384 --eps 0.01,0.02,0.03 --out results/quality_table_small_eps.json
 	$(PY) experiments/speedup_table.py
 	$(PY) experiments/generation_fidelity.py --k 256,384 --eps 0.05,0.1
 	$(PY) experiments/negative_control.py --k 128,256 --eps 0.05,0.1
@@ -34,6 +35,7 @@ results: $(STAMP)
 	$(PY) experiments/calibration_cost.py --k 256
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
+	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096
 
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
 benchmarks: $(STAMP)
