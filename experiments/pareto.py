@@ -59,17 +59,19 @@ def main(argv):
   dense_bytes = (dense_lin + other) * itemsize
   dense_gen = {p: np.asarray(model.generate(base, model.encode(p)[None], n_new)) for p in prompts}
 
-  def record(method, knob, params, gate, bytes_per_token):
+  def record(method, knob, params, gate, bytes_of):
+    """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text)."""
     scores = metrics.score(model, params, s.held_out.ids, gate)
     q = metrics.quality(dense, scores)
+    bytes_per_token = bytes_of(scores)
     same = sum(np.array_equal(dense_gen[p], np.asarray(
         model.generate(params, model.encode(p)[None], n_new, gate))) for p in prompts)
     logging.info("%s %s: bytes %.3f, ppl ratio %.4f", method, knob,
                  bytes_per_token / dense_bytes, q["ppl_ratio"])
     return {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
             "bytes_fraction": bytes_per_token / dense_bytes, "ppl_ratio": q["ppl_ratio"],
-            "top1_agreement": q["top1_agreement"], "generations_identical": int(same),
-            "prompts": len(prompts), "scores": scores}
+            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
+            "generations_identical": int(same), "prompts": len(prompts)}
 
   records = []
   for k in ks:
@@ -78,32 +80,29 @@ def main(argv):
     if FLAGS.output_sketch:
       variants.append(("gsi_out", gsi_jax.apply_gsi(base, s.bases, k, FLAGS.output_sketch)))
     for method, p in variants:
+      gsi_bytes = lambda sc, p=p: metrics.byte_accounting(
+          p, k, sc["fast_share_by_layer"])["bytes_per_token"]
       for eps in epsilons:
-        r = record(method, f"k={k},eps={eps}", p, gsi_jax.make_gate(eps), 0.0)
-        b = metrics.byte_accounting(p, k, r["scores"]["fast_share_by_layer"])
-        r.update(bytes_per_token=b["bytes_per_token"], bytes_fraction=b["bytes_fraction"])
-        records.append(r)
-    b = metrics.byte_accounting(params, k, {l: {site: 1.0 for site in v}
-                                            for l, v in s.bases.vectors.items()})
+        records.append(record(method, f"k={k},eps={eps}", p, gsi_jax.make_gate(eps), gsi_bytes))
+    always_fast = {layer: {site: 1.0 for site in v} for layer, v in s.bases.vectors.items()}
+    static_bytes = metrics.byte_accounting(params, k, always_fast)["bytes_per_token"]
     records.append(record("static", f"k={k}", params, gsi_jax.make_gate(0.0, "static"),
-                          b["bytes_per_token"]))
+                          lambda sc: static_bytes))
   grams = calibration.gram_matrices(model, base, s.calib.ids, progress=False)
   for rank in ranks:
-    lin = peers.svd_linear_elements(base, rank)
+    svd_bytes = (peers.svd_linear_elements(base, rank) + other) * itemsize
     records.append(record("svd", f"rank={rank}", peers.svd_truncate(base, grams, rank), None,
-                          (lin + other) * itemsize))
+                          lambda sc: svd_bytes))
+
+  def sparse_bytes(sc):
+    kept = sc["kept_share_by_layer"]
+    lin = sum(kept[layer][site] * sum(W.size for W in ks_.values())
+              for layer, sites in site_kernels(base).items() for site, ks_ in sites.items())
+    thresholds = sum(len(v) for v in kept.values())  # one scalar per site
+    return (lin + other + thresholds) * itemsize
   for sp in sparsities:
     params = peers.apply_sparsity(base, peers.sparsity_thresholds(model, base, s.calib.ids, sp))
-    r = record("sparsity", f"target={sp}", params, None, 0.0)
-    kept = r["scores"]["kept_share_by_layer"]
-    lin = sum(kept[layer][site] * sum(W.size for W in ks_.values())
-              for layer, sites in site_kernels(base).items()
-              for site, ks_ in sites.items())
-    r.update(bytes_per_token=(lin + other + sum(len(v) for v in kept.values())) * itemsize)
-    r["bytes_fraction"] = r["bytes_per_token"] / dense_bytes
-    records.append(r)
-  for r in records:
-    del r["scores"]
+    records.append(record("sparsity", f"target={sp}", params, None, sparse_bytes))
   budgets = []
   for budget in BUDGETS:
     row = {"budget": budget}

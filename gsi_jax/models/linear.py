@@ -4,11 +4,13 @@ A *site* is the set of linear maps that read one input (q/k/v read the same
 normed hidden state; GPT-J's fc_in reads it too).  Its parameters are
 
   dense:  {"kernel": {map: W_DO}, "bias": {map: b_O}}
-  GSI:    the same plus "basis": V_DK and "image": M_KO, where M is
-          [W_1 | W_2 | ...] V projected, i.e. (V^T W) for all maps fused
-          along the output axis, so g = V^T x and the gate are computed once.
+  GSI:    the same plus "basis": V_DK and "image": M_KO = V^T [W_1 | W_2 | ...]
+          (all maps fused along the output axis, in sorted map-name order), so
+          g = V^T x and the gate are computed once per site; optionally
+          "sketch"/"sketch_image" for the output-aware gate.
+  peer:   "threshold" zeroes inputs with |x| below it (magnitude sparsity).
 
-`gsi_jax.apply_gsi` adds "basis" and "image"; the model code never changes.
+`gsi_jax.apply_gsi` and `gsi_jax.peers` add these; the model code never changes.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ class Gate:
   """
   eps: jax.Array
   mode: str = flax.struct.field(pytree_node=False, default="gated")
-  # Wrap the W x matmul in lax.cond so its bytes are read only when some
-  # token in the call is slow.  Exact; it pays off at batch 1 decoding.
+  # Run only the branch the call's gate pattern needs (lax.switch), so W's
+  # bytes are read only when some token is slow.  Exact; pays off at batch 1.
   skip_residual: bool = flax.struct.field(pytree_node=False, default=False)
 
 
@@ -112,7 +114,7 @@ def gated_outputs(x_BTD, kernels, V_DK, M_KO, eps, *, static, skip_residual, ske
 
 class LinearSite(nn.Module):
   """All maps reading one input; dense or GSI depending on the parameters."""
-  outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias), fixed order
+  outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias)
   dtype: Any = jnp.float32
 
   @nn.compact
