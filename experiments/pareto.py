@@ -88,10 +88,11 @@ def main(argv):
     static_bytes = metrics.byte_accounting(params, k, always_fast)["bytes_per_token"]
     records.append(record("static", f"k={k}", params, gsi_jax.make_gate(0.0, "static"),
                           lambda sc: static_bytes))
-  grams = calibration.gram_matrices(model, base, s.calib.ids, progress=False)
+  svds = peers.whitened_svds(base, calibration.gram_matrices(model, base, s.calib.ids,
+                                                              progress=False))
   for rank in ranks:
     svd_bytes = (peers.svd_linear_elements(base, rank) + other) * itemsize
-    records.append(record("svd", f"rank={rank}", peers.svd_truncate(base, grams, rank), None,
+    records.append(record("svd", f"rank={rank}", peers.svd_truncate(base, svds, rank), None,
                           lambda sc: svd_bytes))
 
   def sparse_bytes(sc):

@@ -2,7 +2,8 @@
 
   * static activation projection (ESPACE-style): GSI with mode "static";
   * static weight SVD, activation-aware (SVD-LLM's whitening): per map, the
-    rank-r W_r minimising ||X W - X W_r|| over the calibration inputs X;
+    rank-r W_r minimising ||X W - X W_r|| over the calibration inputs X
+    (whitened_svds once, then svd_truncate per rank);
   * magnitude activation sparsity (TEAL-style): per site, a threshold on |x|
     calibrated for a target sparsity; inputs below it are zeroed and their
     rows of W need not be read.
@@ -19,31 +20,36 @@ from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import site_kernels
 
 
-def svd_truncate(params, grams: dict, rank: int, floor: float = 1e-6):
-  """W_r = S^-1 (S W)_r with S = Lambda^1/2 Q^T from G = X^T X = Q Lambda Q^T.
+def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
+  """Per map, the SVD of S W with S = Lambda^1/2 Q^T from G = X^T X = Q Lambda Q^T.
 
   ||X (W - W_r)|| = ||S (W - W_r)||, so truncating S W is optimal for the
-  calibration inputs.  Eigenvalues are floored at `floor` x the largest, so
-  rank-deficient Gram matrices stay invertible.  Returns dense params with
-  each kernel replaced by its rank-r reconstruction (the factored form's
-  outputs), for quality; bytes come from svd_linear_elements.
+  calibration inputs (SVD-LLM's whitening).  Eigenvalues are floored at
+  `floor` x the largest, so rank-deficient Gram matrices stay invertible.
+  Computed once; svd_truncate then rebuilds any rank cheaply.
   """
-  if rank <= 0:
-    raise GSIError(f"SVD rank must be positive, got {rank}")
-  out = jax.tree.map(lambda x: x, params)
+  out = {}
   for layer, sites in site_kernels(params).items():
     for site, kernels in sites.items():
       G = np.asarray(grams[layer][site], np.float64)
       lam, Q = np.linalg.eigh((G + G.T) / 2)
       root = np.sqrt(np.maximum(lam, floor * lam.max()))
-      new = {}
       for name, W in kernels.items():
-        W64 = np.asarray(W, np.float64)
-        r = min(rank, *W64.shape)
-        U, S, Vt = np.linalg.svd(root[:, None] * (Q.T @ W64), full_matrices=False)
-        W_r = Q @ (((U[:, :r] * S[:r]) @ Vt[:r]) / root[:, None])
-        new[name] = jnp.asarray(W_r, W.dtype)
-      out[layer][site]["kernel"] = new
+        U, S, Vt = np.linalg.svd(root[:, None] * (Q.T @ np.asarray(W, np.float64)),
+                                 full_matrices=False)
+        out[(layer, site, name)] = (Q / root, U * S, Vt, W.dtype)  # W_r = (Q/root) U_r S_r Vt_r
+  return out
+
+
+def svd_truncate(params, svds: dict, rank: int):
+  """Dense params with each kernel replaced by its whitened rank-r reconstruction
+  (the factored form's outputs), for quality; bytes come from svd_linear_elements."""
+  if rank <= 0:
+    raise GSIError(f"SVD rank must be positive, got {rank}")
+  out = jax.tree.map(lambda x: x, params)
+  for (layer, site, name), (unwhiten, US, Vt, dtype) in svds.items():
+    r = min(rank, Vt.shape[0])
+    out[layer][site]["kernel"][name] = jnp.asarray(unwhiten @ (US[:, :r] @ Vt[:r]), dtype)
   return out
 
 

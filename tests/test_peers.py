@@ -18,14 +18,15 @@ def llama(tiny_folder):
 
 def test_full_rank_svd_is_dense(llama):
   grams = calibration.gram_matrices(llama, llama.params, IDS, progress=False)
-  full = peers.svd_truncate(llama.params, grams, 10_000)
+  full = peers.svd_truncate(llama.params, peers.whitened_svds(llama.params, grams), 10_000)
   np.testing.assert_allclose(np.asarray(llama.logits(full, IDS[:2])),
                              np.asarray(llama.logits(llama.params, IDS[:2])), atol=1e-4)
 
 
 def test_svd_rank_is_respected_and_activation_aware(llama):
   grams = calibration.gram_matrices(llama, llama.params, IDS, progress=False)
-  low = peers.svd_truncate(llama.params, grams, 4)
+  svds = peers.whitened_svds(llama.params, grams)
+  low = peers.svd_truncate(llama.params, svds, 4)
   W = np.asarray(low["layer_0"]["mlp_in"]["kernel"]["up"])
   assert np.linalg.matrix_rank(W, tol=1e-4 * np.abs(W).max()) == 4
   # Whitened truncation beats plain truncation on the calibration inputs' outputs.
@@ -36,7 +37,7 @@ def test_svd_rank_is_respected_and_activation_aware(llama):
   plain = (U[:, :4] * S[:4]) @ Vt[:4]
   assert np.linalg.norm(X @ (W0 - W)) < np.linalg.norm(X @ (W0 - plain))
   with pytest.raises(GSIError, match="rank must be positive"):
-    peers.svd_truncate(llama.params, grams, 0)
+    peers.svd_truncate(llama.params, svds, 0)
 
 
 def test_sparsity_thresholds_hit_their_target(llama):
