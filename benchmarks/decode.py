@@ -8,6 +8,7 @@ a compile-and-warm-up call, reported separately as compile_s.
 """
 
 import json
+import math
 import os
 import resource
 import time
@@ -121,6 +122,8 @@ def main(argv):
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
                   jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())
     logging.info("PyTorch: %.1f tok/s", t_tps)
+  for point in result["gsi"]:  # inf is not JSON: write it as a string
+    point["eps"] = point["eps"] if math.isfinite(point["eps"]) else "inf"
   print(json.dumps(result, indent=2))
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
   with open(_OUT.value, "w") as f:

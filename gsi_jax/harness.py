@@ -137,14 +137,14 @@ def markdown_table(records: list[dict], columns: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
-def _strict_json(value):
+def strict_json(value):
   """inf and nan are not JSON: write them as strings."""
   if isinstance(value, float) and not math.isfinite(value):
     return str(value)
   if isinstance(value, dict):
-    return {k: _strict_json(v) for k, v in value.items()}
+    return {k: strict_json(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_strict_json(v) for v in value]
+    return [strict_json(v) for v in value]
   return value
 
 
@@ -156,7 +156,7 @@ def write(config_: dict, records: list[dict], columns: Sequence[str],
   out = output_path(default_out)
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w") as f:
-    json.dump(_strict_json({"config": config_, "records": records}), f, indent=2)
+    json.dump(strict_json({"config": config_, "records": records}), f, indent=2)
   with open(os.path.splitext(out)[0] + ".md", "w") as f:
     f.write(table + "\n")
   logging.info("wrote %s", out)

@@ -7,13 +7,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_folder(tmp_path_factory):
-  """name -> (folder with a saved tiny HF model, the torch model)."""
+  """name -> (folder with a saved tiny HF model and a char tokenizer, the torch model)."""
   from tests import hf_models
   cache = {}
 
   def make(name):
     if name not in cache:
       folder = tmp_path_factory.mktemp(name)
-      cache[name] = (str(folder), hf_models.save(name, folder))
+      model = hf_models.save(name, folder)
+      hf_models.save_char_tokenizer(folder)
+      cache[name] = (str(folder), model)
     return cache[name]
   return make

@@ -9,7 +9,6 @@ import sys
 import pytest
 from absl import flags
 
-from tests import hf_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_control",
@@ -26,21 +25,6 @@ REQUIRED = {
 EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
-
-
-@pytest.fixture(scope="module")
-def tiny_with_tokenizer(tmp_path_factory):
-  cache = {}
-
-  def make(name):
-    if name not in cache:
-      folder = tmp_path_factory.mktemp(name)
-      hf_models.save(name, folder)
-      hf_models.save_char_tokenizer(folder)
-      (folder / "prompts.txt").write_text("def main():\nclass A:\n")
-      cache[name] = folder
-    return cache[name]
-  return make
 
 
 _MODULES = {}
@@ -63,14 +47,16 @@ def run_in_process(script, argv):
 
 @pytest.mark.parametrize("family", ["gpt2", "gptj", "opt"])
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_script_end_to_end(tiny_with_tokenizer, tmp_path, family, script):
-  folder = tiny_with_tokenizer(family)
+def test_script_end_to_end(tiny_folder, tmp_path, family, script):
+  folder, _ = tiny_folder(family)
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("def main():\nclass A:\n")
   out = tmp_path / f"{script}.json"
   run_in_process(script, SMALL + EXTRA.get(script, []) + [f"--model={folder}", f"--out={out}",
                                   f"--bases_dir={tmp_path / 'bases'}",
-                                  f"--prompts_file={folder / 'prompts.txt'}"])
+                                  f"--prompts_file={prompts}"])
   result = json.loads(out.read_text())
-  assert result["config"]["model"] == str(folder)
+  assert result["config"]["model"] == folder
   assert result["records"], "no records"
   for record in result["records"]:
     assert REQUIRED.get(script, set()) <= set(record)
