@@ -44,8 +44,8 @@ def dense_scan(x_TD, W_DO):
 @jax.jit
 def gsi_scan(x_TD, V_DK, M_KO, W_DO):
   def step(c, x):
-    (y,), _ = gated_outputs(x[None, None], [W_DO], V_DK, M_KO, EPS, static=False,
-                            skip_residual=True)
+    (y,), _, _ = gated_outputs(x[None, None], [W_DO], V_DK, M_KO, EPS, static=False,
+                               skip_residual=True)
     return c, y[0, 0]
   return jax.lax.scan(step, None, x_TD)[1]
 

@@ -1,11 +1,11 @@
 """Gated Subspace Inference for transformer decoding, in JAX."""
 
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi import (Bases, apply_gsi, calibrate, dense_params, depth_coherence, load_bases,
-                         save_bases)
+from gsi_jax.gsi import (Bases, apply_gsi, apply_gsi_head, calibrate, dense_params,
+                         depth_coherence, head_basis, load_bases, save_bases)
 from gsi_jax.loading import DEFAULT_MODEL, PRESETS, load_model
 from gsi_jax.models import Gate, Model, ModelConfig, make_gate
 
 __all__ = ["Bases", "DEFAULT_MODEL", "GSIError", "Gate", "Model", "ModelConfig", "PRESETS",
-           "apply_gsi", "calibrate", "dense_params", "depth_coherence", "load_bases",
-           "load_model", "make_gate", "save_bases"]
+           "apply_gsi", "apply_gsi_head", "calibrate", "dense_params", "depth_coherence",
+           "head_basis", "load_bases", "load_model", "make_gate", "save_bases"]

@@ -25,7 +25,7 @@ def make_mesh(n_devices: int | None = None) -> Mesh:
 def _spec(path_keys, leaf, sites, n) -> P:
   layer = path_keys[0]
   in_site = layer in sites and len(path_keys) > 1 and path_keys[1] in sites[layer]
-  if not in_site or path_keys[2] in ("basis", "sketch", "sketch_image"):
+  if not in_site or path_keys[2] in ("basis", "sketch", "sketch_image", "ladder"):
     return P()
   out_dim = leaf.shape[-1]
   if out_dim % n:

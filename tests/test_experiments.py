@@ -22,7 +22,8 @@ REQUIRED = {
     "pareto": {"method", "knob", "bytes_per_token", "bytes_fraction", "ppl_ratio",
                "top1_agreement"},
 }
-EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4"]}
+EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4",
+                    "--ladder=2", "--head_k=4", "--head_eps=0.5"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
@@ -60,6 +61,8 @@ def test_script_end_to_end(tiny_folder, tmp_path, family, script):
   assert result["records"], "no records"
   for record in result["records"]:
     assert REQUIRED.get(script, set()) <= set(record)
+  if script == "pareto":  # every method and extension ran
+    assert {r["method"] for r in result["records"]} == set(_MODULES[script].METHODS)
   assert (tmp_path / f"{script}.md").exists()
 
 

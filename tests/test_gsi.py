@@ -13,6 +13,7 @@ from gsi_jax import GSIError, make_gate
 from gsi_jax.gsi import calibration, cascade, metrics
 from gsi_jax.gsi.bases import site_kernels
 from gsi_jax.gsi.coherence import principal_cosines
+from gsi_jax.models import linear
 
 FAMILIES = ["gpt2", "gptj", "opt", "opt_post_ln", "llama_gqa"]
 RNG = np.random.default_rng(0)
@@ -218,18 +219,107 @@ def test_theorem4_holds(tiny):
 
 
 def test_byte_accounting(tiny):
+  """Exact counts: a site reads V_k always, then M (fast) or W (slow)."""
   model, bases, widest = tiny("llama_gqa")
   dense = metrics.byte_accounting(model.params, None, None)
   assert dense["speedup_bytes"] == 1.0 and dense["speedup_paper"] == 1.0
-  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  k = 8
+  params = gsi_jax.apply_gsi(model.params, bases, k)
   sites = site_kernels(params)
+  shapes = [(next(iter(ks.values())).shape[0], sum(W.shape[1] for W in ks.values()))
+            for s in sites.values() for ks in s.values()]
+  itemsize = 4
   all_fast = {layer: {site: 1.0 for site in s} for layer, s in sites.items()}
-  fast = metrics.byte_accounting(params, 8, all_fast)
-  # Paper formula at p_slow = 0: d / k per map.
+  fast = metrics.byte_accounting(params, k, all_fast)
+  never = metrics.byte_accounting(params, k, None)
+  assert never["bytes_per_token"] - dense["bytes_per_token_dense"] == pytest.approx(
+      itemsize * sum(d * min(k, d) for d, _ in shapes))
+  assert never["bytes_per_token"] - fast["bytes_per_token"] == pytest.approx(
+      itemsize * sum((d - min(k, d)) * o for d, o in shapes))
   assert fast["speedup_paper"] > fast["speedup_linear_bytes"] > 1.0  # V_k costs bytes
-  never = metrics.byte_accounting(params, 8, None)
-  assert never["speedup_bytes"] < 1.0  # always slow: GSI reads more than dense
-  assert never["storage_overhead"] > 0
+  assert never["storage_overhead"] == pytest.approx(
+      sum(min(k, d) * (d + o) for d, o in shapes) / never["params_total"])
+
+
+def test_rank_ladder_matches_reference():
+  """Each token takes the smallest rung passing the gate; its output is x V_j V_j^T W."""
+  rng = np.random.default_rng(3)
+  d, o, k, rungs, eps = 32, 24, 16, (4, 8, 16), 0.3
+  Q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+  V = Q[:, :k]
+  # Token t keeps its energy in Q's first `span` columns (0.02 elsewhere), so
+  # rungs 4, 8, 16 and the slow path (span 32) are all taken.
+  spans = np.resize([4, 8, 16, 32], 40)
+  c = rng.normal(size=(40, d)) * np.where(np.arange(d) < spans[:, None], 1.0, 0.02)
+  x, W = c @ Q.T, rng.normal(size=(d, o))
+  f32 = lambda a: jnp.asarray(a, jnp.float32)
+  (y,), fast, rank = linear.gated_outputs(
+      f32(x[None]), [f32(W)], f32(V), f32(V.T @ W), f32(eps), static=False,
+      skip_residual=False, rungs=jnp.asarray(rungs, jnp.int32))
+  want_y, want_rank, want_fast = [], [], []
+  for t in x:
+    rho = [np.linalg.norm(t - V[:, :r] @ (V[:, :r].T @ t)) / np.linalg.norm(t) for r in rungs]
+    r = next((r for r, p in zip(rungs, rho) if p < eps), None)
+    want_fast.append(r is not None)
+    want_rank.append(r or k)
+    want_y.append(t @ W if r is None else (t @ V[:, :r]) @ (V[:, :r].T @ W))
+  assert set(want_rank) == set(rungs) and not all(want_fast)
+  np.testing.assert_array_equal(np.asarray(rank[0]), want_rank)
+  np.testing.assert_array_equal(np.asarray(fast[0]), want_fast)
+  np.testing.assert_allclose(np.asarray(y[0]), np.array(want_y), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+def test_rank_ladder_in_the_model(tiny, name):
+  model, bases, _ = tiny(name)
+  k = 12
+  plain = gsi_jax.apply_gsi(model.params, bases, k)
+  ladder = gsi_jax.apply_gsi(model.params, bases, k, ladder=(4, 8))
+  np.testing.assert_allclose(logits(model, ladder, make_gate(0.0)), logits(model, model.params),
+                             atol=1e-6, rtol=0)
+  gate = make_gate(0.6)
+  a, b = metrics.score(model, plain, EVAL, gate), metrics.score(model, ladder, EVAL, gate)
+  # Nested bases: a token passes some rung iff it passes the top one (the first
+  # site's inputs are the same in both models; later ones differ).
+  first = lambda sc: sc["fast_share_by_layer"]["layer_0"]["attn_in"]
+  assert 0 < first(a) < 1 and first(a) == pytest.approx(first(b), abs=1e-6)
+  rows = [v for s in b["rows_by_layer"].values() for v in s.values()]
+  assert any(m < v for v, m in rows) and all(m <= v <= k for v, m in rows)
+  bytes_plain = metrics.byte_accounting(plain, k, a["fast_share_by_layer"], a["rows_by_layer"])
+  bytes_ladder = metrics.byte_accounting(ladder, k, b["fast_share_by_layer"], b["rows_by_layer"])
+  assert bytes_ladder["bytes_per_token"] < bytes_plain["bytes_per_token"]
+  for bad in [(0, 4), (8, 4), (4, 12), (4, 4)]:
+    with pytest.raises(GSIError, match="ladder ranks"):
+      gsi_jax.apply_gsi(model.params, bases, k, ladder=bad)
+
+
+@pytest.mark.parametrize("name", ["gptj", "llama_gqa"])  # untied with bias; tied
+def test_gsi_head_invariants(tiny, name):
+  model, _, _ = tiny(name)
+  V, energies, trace = gsi_jax.head_basis(model, model.params, CALIB, 16)
+  assert np.all(np.diff(energies) <= 0) and energies.sum() <= trace * (1 + 1e-6)
+  dense = logits(model, model.params)
+  head = gsi_jax.apply_gsi_head(model.params, V, 6)
+  np.testing.assert_allclose(logits(model, head, make_gate(0.0)), dense, atol=1e-6, rtol=0)
+  # eps = inf: logits are h V V^T W (+ b), written independently from the head's input.
+  _, state = model.forward(model.params, EVAL, collections=("head_inputs",))
+  h = np.asarray(state["head_inputs"]["lm_head"]["x"][0], np.float64)
+  W = np.asarray(gsi_jax.gsi.head.head_kernel(model.params), np.float64)
+  bias = np.asarray(model.params.get("lm_head", {}).get("bias", 0.0))
+  want = (h @ V[:, :6]) @ (V[:, :6].T @ W) + bias
+  np.testing.assert_allclose(logits(model, head, make_gate(0.0, head_eps=math.inf)), want,
+                             atol=1e-4)
+  assert np.abs(want - dense).max() > 1e-3
+  # The head's own share is counted: all fast reads d k + k V instead of d V.
+  scores = metrics.score(model, head, EVAL, make_gate(0.0, head_eps=math.inf))
+  assert scores["head_fast_share"] == 1.0
+  d, vocab = W.shape
+  b = metrics.byte_accounting(head, None, None, head_fast_share=1.0)
+  assert b["bytes_per_token_dense"] - b["bytes_per_token"] == pytest.approx(
+      4 * (d * vocab - d * 6 - 6 * vocab))
+  assert jax.tree.structure(gsi_jax.dense_params(head)) == jax.tree.structure(model.params)
+  with pytest.raises(GSIError, match="head k must be"):
+    gsi_jax.apply_gsi_head(model.params, V, 17)
 
 
 def test_output_aware_gate_matches_exact_output_error(tiny):

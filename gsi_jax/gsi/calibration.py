@@ -17,31 +17,37 @@ from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint, site_kernels
 METHODS = ("eigh", "cascade")
 
 
-@functools.partial(jax.jit, static_argnames=("module",), donate_argnums=(1,))
-def _accumulate(module, grams, params, ids_BT):
-  _, state = module.apply({"params": params}, ids_BT, mutable=["site_inputs"])
+def _inputs(tree):
+  """A sown inputs collection with each {"x": (X,)} replaced by X."""
+  return tree["x"][0] if "x" in tree else {key: _inputs(v) for key, v in tree.items()}
+
+
+@functools.partial(jax.jit, static_argnames=("module", "collection"), donate_argnums=(1,))
+def _accumulate(module, grams, params, ids_BT, collection):
+  _, state = module.apply({"params": params}, ids_BT, mutable=[collection])
 
   def add(gram, x):
-    X = x[0].reshape(-1, x[0].shape[-1]).astype(jnp.float32)
+    X = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
     return gram + X.T @ X
-  inputs = {layer: {site: v["x"] for site, v in sites.items()}
-            for layer, sites in state["site_inputs"].items()}
-  return jax.tree.map(add, grams, inputs, is_leaf=lambda x: isinstance(x, jax.Array))
+  return jax.tree.map(add, grams, _inputs(state[collection]))
 
 
 def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
-                  progress: bool = True) -> dict:
-  """{layer: {site: X^T X}} over all windows (float32 numpy); memory bounded by one batch."""
+                  progress: bool = True, collection: str = "site_inputs") -> dict:
+  """X^T X of every sown input over all windows (float32 numpy); memory bounded by one batch.
+
+  collection "site_inputs": {layer: {site: G}}; "head_inputs": {"lm_head": G}.
+  """
   _, state = jax.eval_shape(
-      lambda p, x: model.module.apply({"params": p}, x, mutable=["site_inputs"]),
+      lambda p, x: model.module.apply({"params": p}, x, mutable=[collection]),
       params, jnp.zeros((1, windows_NT.shape[1]), jnp.int32))
-  grams = {layer: {site: jnp.zeros((v["x"][0].shape[-1],) * 2, jnp.float32)
-                   for site, v in sites.items()}
-           for layer, sites in state["site_inputs"].items()}
+  grams = jax.tree.map(lambda x: jnp.zeros((x.shape[-1],) * 2, jnp.float32),
+                       _inputs(state[collection]))
   n = windows_NT.shape[0]
   start = time.time()
   for i in range(0, n, batch_size):
-    grams = _accumulate(model.module, grams, params, jnp.asarray(windows_NT[i:i + batch_size]))
+    grams = _accumulate(model.module, grams, params, jnp.asarray(windows_NT[i:i + batch_size]),
+                        collection)
     if progress:
       jax.block_until_ready(grams)  # dispatch is asynchronous: report work actually done
       done = min(i + batch_size, n)

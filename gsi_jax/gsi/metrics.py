@@ -3,8 +3,9 @@
 Two byte counts, never mixed up:
   * paper formula: per map d / (k + p_slow d), i.e. M's k columns plus W on
     slow tokens; it ignores V_k, the LM head, embeddings and norms;
-  * true bytes read per decoded token at batch 1: V_k and M of every site, W
-    on slow tokens, biases, norms, the embedding row and the whole LM head.
+  * true bytes read per decoded token at batch 1: V_k of every site, M on
+    fast tokens, W on slow ones, biases, norms, the embedding row and the
+    whole LM head (or its V_k, M / W when the head is gated too).
 KV-cache reads are activations, not weights, and are left out of both.
 """
 
@@ -19,41 +20,53 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.gsi.bases import site_kernels
-from gsi_jax.gsi.transform import GSI_KEYS
+from gsi_jax.gsi.head import head_kernel
+from gsi_jax.gsi.transform import GSI_KEYS, dense_params
 from gsi_jax.models.linear import Gate
 
 
 @functools.partial(jax.jit, static_argnames=("module",))
 def _score_batch(module, params, ids_BT, gate):
   (logits, _), state = module.apply({"params": params}, ids_BT, gate=gate,
-                                    mutable=["gate_stats", "sparsity_stats"])
+                                    mutable=["gate_stats", "sparsity_stats", "head_stats"])
   logp = jax.nn.log_softmax(logits[:, :-1], -1)
   nll = -jnp.take_along_axis(logp, ids_BT[:, 1:, None], -1)[..., 0]
 
-  def sums(collection, name):
-    return {layer: {site: jnp.sum(v[name][0][:, :-1], dtype=jnp.float32)
+  def sums(collection, per_token):
+    return {layer: {site: jnp.sum(per_token(v)[:, :-1], dtype=jnp.float32)
                     for site, v in sites.items()}
             for layer, sites in state.get(collection, {}).items()}
-  return nll, jnp.argmax(logits[:, :-1], -1), (sums("gate_stats", "fast"),
-                                               sums("sparsity_stats", "kept"))
+  stats = {"fast": sums("gate_stats", lambda v: v["fast"][0]),
+           "rank": sums("gate_stats", lambda v: v["rank"][0]),
+           "fast_rank": sums("gate_stats", lambda v: v["rank"][0] * v["fast"][0]),
+           "kept": sums("sparsity_stats", lambda v: v["kept"][0])}
+  if "head_stats" in state:
+    stats["head_fast"] = jnp.sum(state["head_stats"]["lm_head"]["fast"][0][:, :-1],
+                                 dtype=jnp.float32)
+  return nll, jnp.argmax(logits[:, :-1], -1), stats
 
 
 def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
           batch_size: int = 4) -> dict:
-  """Next-token NLL and argmax per position; per site, the fast-token share and
-  (for magnitude sparsity) the share of input entries kept.
+  """Next-token NLL and argmax per position, and gate statistics per token:
+  per site the fast share, the mean (V columns, M rows) read (the rank
+  ladder's bytes), the share of inputs kept (magnitude sparsity); the GSI
+  LM head's fast share (None without one).
 
   The last position of each window has no target and is left out everywhere.
   """
-  nll, top1, counts = [], [], None
+  nll, top1, totals = [], [], None
   for i in range(0, len(windows_NT), batch_size):
     n, t, c = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)
     nll.append(np.asarray(n))
     top1.append(np.asarray(t))
-    counts = c if counts is None else jax.tree.map(jnp.add, counts, c)
+    totals = c if totals is None else jax.tree.map(jnp.add, totals, c)
   nll, top1 = np.concatenate(nll), np.concatenate(top1)
-  fast, kept = jax.tree.map(lambda c: float(c) / nll.size, counts)
-  return {"nll": nll, "top1": top1, "fast_share_by_layer": fast, "kept_share_by_layer": kept}
+  mean = jax.tree.map(lambda c: float(c) / nll.size, totals)
+  rows = jax.tree.map(lambda v, m: (v, m), mean["rank"], mean["fast_rank"])
+  return {"nll": nll, "top1": top1, "fast_share_by_layer": mean["fast"],
+          "rows_by_layer": rows, "kept_share_by_layer": mean["kept"],
+          "head_fast_share": mean.get("head_fast")}
 
 
 def mean_share(share_by_layer: dict) -> float:
@@ -81,19 +94,29 @@ def quality(dense: dict, gsi: dict) -> dict:
 
 
 def other_elements(params) -> int:
-  """Weights a decode step reads outside the sites' kernels: norms, biases, the LM head,
-  and one row of each embedding table (a tied LM head reads the whole table)."""
+  """Weights a decode step reads outside the sites and the LM head: norms, site
+  biases, and one row of each embedding table."""
   sites = site_kernels(params)
   other = 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     keys = [p.key for p in path]
     in_site = keys[0] in sites and keys[1] in sites[keys[0]]
-    if in_site and keys[2] not in ("bias", "threshold"):
-      continue  # kernels, basis, image: counted per method
+    if keys[0] == "lm_head" or (in_site and keys[2] not in ("bias", "threshold")):
+      continue  # the head, kernels, bases, images: counted on their own
     other += leaf.shape[1] if keys[-1] == "embedding" else leaf.size
-  if "lm_head" not in params:
-    other += params["embed"]["embedding"].size
   return other
+
+
+def head_elements(params, fast_share: float | None = None) -> float:
+  """Weights the LM head reads per token; a GSI head reads V_k, then M on fast
+  tokens and W on slow ones (fast_share None: always slow)."""
+  head = params.get("lm_head", {})
+  d, vocab = head_kernel(params).shape
+  bias = head["bias"].size if "bias" in head else 0
+  if "basis" not in head:
+    return float(d * vocab + bias)
+  k, f = head["basis"].shape[1], fast_share or 0.0
+  return d * k + f * k * vocab + (1 - f) * d * vocab + bias
 
 
 def linear_elements_dense(params) -> float:
@@ -101,11 +124,16 @@ def linear_elements_dense(params) -> float:
                    for W in ks.values()))
 
 
-def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> dict:
+def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None,
+                    rows_by_layer: dict | None = None,
+                    head_fast_share: float | None = None) -> dict:
   """Weight bytes read per decoded token (batch 1), dense and GSI, by both counts.
 
   k None means dense.  fast_share_by_layer: {layer: {site: share}}; a site
-  with no entry is taken as always slow.
+  with no entry is taken as always slow.  At batch 1 a fast token reads V_k
+  and M, a slow one V_k and W (the residual skip).  rows_by_layer: {layer:
+  {site: (V columns, M rows)}} read per token on average (score()'s; needed
+  for the rank ladder), else (k, share x k).  head_fast_share: of a GSI head.
   """
   sites = site_kernels(params)
   itemsize = jax.tree.leaves(params)[0].dtype.itemsize
@@ -121,25 +149,25 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None) -> 
         paper_cost += d * out
         continue
       k_site = min(k, d)
-      p_slow = 1.0 - share.get(layer, {}).get(site, 0.0)
+      f = share.get(layer, {}).get(site, 0.0)
+      v_cols, m_rows = (rows_by_layer or {}).get(layer, {}).get(site, (k_site, f * k_site))
       node = params[layer][site]
       gate_cost = sum(node[n].size for n in ("sketch", "sketch_image") if n in node)
-      lin_gsi += d * k_site + gate_cost + k_site * out + p_slow * d * out
-      paper_cost += out * (k_site + p_slow * d)
+      lin_gsi += d * v_cols + gate_cost + m_rows * out + (1 - f) * d * out
+      paper_cost += out * (k_site + (1 - f) * d)
   other = other_elements(params)
-  total_dense = (lin_dense + other) * itemsize
-  total_gsi = (lin_gsi + other) * itemsize
-  storage = 0
-  for layer, layer_sites in sites.items():
-    for site in layer_sites:
-      node = params[layer][site]
-      storage += sum(node[n].size for n in GSI_KEYS if n in node)
-  model_size = sum(leaf.size for leaf in jax.tree.leaves(params)) - storage
+  head_dense = head_elements(dense_params(params))
+  head = head_elements(params, head_fast_share)
+  total_dense = (lin_dense + other + head_dense) * itemsize
+  total_gsi = (lin_gsi + other + head) * itemsize
+  model_size = sum(leaf.size for leaf in jax.tree.leaves(dense_params(params)))
+  storage = sum(leaf.size for leaf in jax.tree.leaves(params)) - model_size
   return {
       "bytes_per_token_dense": total_dense, "bytes_per_token": total_gsi,
       "bytes_fraction": total_gsi / total_dense, "speedup_bytes": total_dense / total_gsi,
       "speedup_linear_bytes": lin_dense / lin_gsi, "speedup_paper": lin_dense / paper_cost,
-      "outside_sites_share_dense": (other * itemsize) / total_dense,  # mostly the LM head
+      "outside_sites_share_dense": ((other + head_dense) * itemsize) / total_dense,
+      "head_share_dense": head_dense * itemsize / total_dense,
       "effective_params": total_gsi / itemsize, "effective_params_paper": paper_cost,
       "params_total": float(model_size), "storage_overhead": storage / max(model_size, 1),
   }

@@ -4,10 +4,11 @@
     rho^2 = ||x - V g||^2 / ||x||^2 = 1 - ||g||^2 / ||x||^2   (V orthonormal)
 
 The kernel tiles tokens (block_t) and outputs (block_o).  Each program
-computes g and the gate for its tokens, writes M g, and reads its tile of W
-only when one of its tokens is slow (`pl.when` inside the kernel; no
-per-token `lax.cond` outside it).  On the Triton backend a ref is loaded
-where it is read, so a block whose tokens are all fast never reads W's bytes.
+computes g and the gate for its tokens, then reads its tile of M only when
+one of its tokens is fast and its tile of W only when one is slow (`pl.when`
+inside the kernel; no per-token `lax.cond` outside it).  On the Triton
+backend a ref is loaded where it is read, so an all-fast block never reads
+W's bytes and an all-slow block never reads M's.
 It lowers through Pallas's Triton backend (CUDA and ROCm); block sizes are
 powers of two as Triton requires, and inputs are zero-padded to fit, which
 changes no result (zero rows of V and columns of x add nothing).
@@ -41,14 +42,17 @@ def _kernel(eps_ref, x_ref, V_ref, M_ref, W_ref, y_ref, fast_ref):
   eps = eps_ref[0, 0]
   xx = jnp.sum(x * x, axis=1)
   fast = (xx - jnp.sum(g * g, axis=1) < eps * eps * xx) & (eps > 0)  # as gate_mask
-  y_fast = jnp.dot(g, M_ref[...].astype(jnp.float32))
-  y_ref[...] = y_fast.astype(y_ref.dtype)
   fast_ref[...] = fast[:, None].astype(jnp.int32)
+  # M's tile is read only if some token is fast, W's only if some token is slow.
+
+  @pl.when(jnp.any(fast))
+  def _fast():
+    y_ref[...] = jnp.dot(g, M_ref[...].astype(jnp.float32)).astype(y_ref.dtype)
 
   @pl.when(jnp.any(jnp.logical_not(fast)))
   def _slow():
-    y_slow = jnp.dot(x, W_ref[...].astype(jnp.float32))
-    y_ref[...] = jnp.where(fast[:, None], y_fast, y_slow).astype(y_ref.dtype)
+    y_slow = jnp.dot(x, W_ref[...].astype(jnp.float32)).astype(y_ref.dtype)
+    y_ref[...] = jnp.where(fast[:, None], y_ref[...], y_slow)
 
 
 def _pad_to(a, axis, multiple):

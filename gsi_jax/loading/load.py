@@ -55,8 +55,7 @@ def param_shapes(config: ModelConfig, dtype):
 def _build(config, table, get, dtype, origin, tokenizer, source) -> Model:
   dtype = jnp.dtype(dtype)
   params = mapping.fill_params(table, get, param_shapes(config, dtype), dtype, origin)
-  return Model(config=config, params=jax.tree.map(jnp.asarray, params), tokenizer=tokenizer,
-               dtype=dtype, source=source)
+  return Model(config=config, params=params, tokenizer=tokenizer, dtype=dtype, source=source)
 
 
 def load_gguf(path: str, dtype="float32") -> Model:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
@@ -169,7 +170,8 @@ def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes
   """Build the parameter tree from `table`, checking every shape.
 
   `shapes` is the tree of ShapeDtypeStructs the model declares; every leaf
-  must be filled exactly once.
+  must be filled exactly once.  Each tensor becomes a jax array as soon as it
+  is converted, so the host never holds a second full copy of the model.
   """
   flat = {tuple(k.key for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
@@ -182,7 +184,7 @@ def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes
     if value.shape != want:
       raise GSIError(f"{origin}: {entry.source} has shape {value.shape} after conversion, "
                      f"expected {want} for {'/'.join(entry.path)}")
-    out[entry.path] = value.astype(dtype)
+    out[entry.path] = jnp.asarray(value, dtype)
   missing = sorted("/".join(p) for p in flat if p not in out)
   if missing:
     raise GSIError(f"{origin}: no source tensor for {missing[:5]}")

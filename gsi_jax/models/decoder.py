@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.models.config import ModelConfig
-from gsi_jax.models.linear import Gate, LinearSite
+from gsi_jax.models.linear import Gate, LinearSite, gated_outputs
 
 
 class LayerCache(NamedTuple):
@@ -159,6 +159,39 @@ class Block(nn.Module):
     return mlp_norm(x_BTD + mlp(x_BTD)), cache
 
 
+class LMHead(nn.Module):
+  """Logits from the final hidden state; a tied head reads the embedding table.
+
+  Same parameter names as nn.Dense ("kernel", "bias"), so checkpoints map
+  unchanged.  `gsi_jax.apply_gsi_head` adds "basis"/"image" (also for a tied
+  head), which gates the head like a site, at gate.head_eps (beyond the paper).
+  """
+  vocab_size: int
+  use_bias: bool
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x_BTD, table_VD, gate: Gate | None):
+    if table_VD is None:
+      W_DV = self.param("kernel", nn.initializers.lecun_normal(),
+                        (x_BTD.shape[-1], self.vocab_size), self.dtype)
+    else:
+      W_DV = table_VD.T
+    self.sow("head_inputs", "x", x_BTD)
+    if gate is None or gate.mode == "dense" or not self.has_variable("params", "basis"):
+      y_BTV = x_BTD @ W_DV
+    else:
+      (y_BTV,), fast_BT, _ = gated_outputs(
+          x_BTD, [W_DV], self.get_variable("params", "basis"),
+          self.get_variable("params", "image"),
+          gate.eps if gate.head_eps is None else gate.head_eps,
+          static=gate.mode == "static", skip_residual=gate.skip_residual)
+      self.sow("head_stats", "fast", fast_BT)
+    if self.use_bias:
+      y_BTV = y_BTV + self.param("bias", nn.initializers.zeros, (self.vocab_size,), self.dtype)
+    return y_BTV
+
+
 class Decoder(nn.Module):
   config: ModelConfig
   dtype: Any = jnp.float32
@@ -187,9 +220,6 @@ class Decoder(nn.Module):
     if c.embed_proj_dim:
       x = nn.Dense(c.embed_dim, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
                    name="project_out")(x)
-    if c.tied_embeddings:
-      logits = embed.attend(x)
-    else:
-      logits = nn.Dense(c.vocab_size, use_bias=c.lm_head_bias, dtype=self.dtype,
-                        param_dtype=self.dtype, name="lm_head")(x)
+    logits = LMHead(c.vocab_size, c.lm_head_bias, self.dtype, name="lm_head")(
+        x, embed.embedding if c.tied_embeddings else None, gate)
     return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))
