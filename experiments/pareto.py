@@ -56,7 +56,8 @@ def frontier_at(records, budget, key):
 
 def release_executables():
   """Each parameter tree's structure compiles its own score and decode programs; a sweep
-  over dozens of them ran out of memory on 24 GB unless they are dropped as it goes."""
+  over dozens of them failed in XLA's compiler ("Cannot allocate memory") unless they
+  are dropped as it goes."""
   jax.clear_caches()
 
 
@@ -136,11 +137,11 @@ def main(argv):
   release_executables()
   if FLAGS.head_k:
     V_head, _, _ = gsi_jax.head_basis(model, base, s.calib.ids, FLAGS.head_k)
-    head = gsi_jax.apply_gsi_head(base, V_head, FLAGS.head_k)
+    head_only = gsi_jax.apply_gsi_head(base, V_head, FLAGS.head_k)
     for head_eps in head_epsilons:
       gate = gsi_jax.make_gate(0.0, head_eps=head_eps)  # sites without a basis stay dense
-      records.append(record("head", f"head_k={FLAGS.head_k},head_eps={head_eps}", head, gate,
-                            lambda sc: sparse_bytes(head, sc)))
+      records.append(record("head", f"head_k={FLAGS.head_k},head_eps={head_eps}", head_only,
+                            gate, lambda sc: sparse_bytes(head_only, sc)))
       for sp in sparsities:
         params = gsi_jax.apply_gsi_head(peers.apply_sparsity(base, thresholds[sp]), V_head,
                                         FLAGS.head_k)

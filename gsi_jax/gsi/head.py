@@ -16,6 +16,7 @@ import numpy as np
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.calibration import gram_matrices, top_eigenpairs
 
+
 def head_kernel(params):
   """W_DV of the LM head: its own kernel, or the transposed embedding table if tied."""
   head = params.get("lm_head", {})
