@@ -107,6 +107,12 @@ def other_elements(params) -> int:
   return other
 
 
+def gated_elements(d: int, out: int, v_cols: float, m_rows: float, fast: float) -> float:
+  """Weights one gated map reads per token on average at batch 1: the V columns the gate
+  went through, M's rows on fast tokens, W on slow ones."""
+  return d * v_cols + m_rows * out + (1 - fast) * d * out
+
+
 def head_elements(params, fast_share: float | None = None) -> float:
   """Weights the LM head reads per token; a GSI head reads V_k, then M on fast
   tokens and W on slow ones (fast_share None: always slow)."""
@@ -116,7 +122,7 @@ def head_elements(params, fast_share: float | None = None) -> float:
   if "basis" not in head:
     return float(d * vocab + bias)
   k, f = head["basis"].shape[1], fast_share or 0.0
-  return d * k + f * k * vocab + (1 - f) * d * vocab + bias
+  return gated_elements(d, vocab, k, f * k, f) + bias
 
 
 def linear_elements_dense(params) -> float:
@@ -153,7 +159,7 @@ def byte_accounting(params, k: int | None, fast_share_by_layer: dict | None,
       v_cols, m_rows = (rows_by_layer or {}).get(layer, {}).get(site, (k_site, f * k_site))
       node = params[layer][site]
       gate_cost = sum(node[n].size for n in ("sketch", "sketch_image") if n in node)
-      lin_gsi += d * v_cols + gate_cost + m_rows * out + (1 - f) * d * out
+      lin_gsi += gated_elements(d, out, v_cols, m_rows, f) + gate_cost
       paper_cost += out * (k_site + (1 - f) * d)
   other = other_elements(params)
   head_dense = head_elements(dense_params(params))
