@@ -24,9 +24,11 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model (about half an hour here).
+# Every table and figure of results/ for the default model (about 1.5 hours on 2 cores:
+# the Pareto sweep alone about an hour).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
+	$(PY) -m gsi_jax.demo --out results/demo.json
 	$(PY) experiments/quality_table.py --k 384 --eps 0.01,0.02,0.03 --out results/quality_table_small_eps.json
 	$(PY) experiments/speedup_table.py
 	$(PY) experiments/generation_fidelity.py --k 256,384 --eps 0.05,0.1
@@ -36,6 +38,8 @@ results: $(STAMP)
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
 	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096
+	$(PY) -c "import nbformat, nbclient; nb = nbformat.read('notebooks/subspace_coherence.ipynb', 4); \
+	  nbclient.NotebookClient(nb, timeout=3600, resources={'metadata': {'path': 'notebooks'}}).execute()"
 
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
 benchmarks: $(STAMP)

@@ -7,7 +7,6 @@ its own; the model's float32 size is reported beside it.
 """
 
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import time
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, text
+from gsi_jax import cli, experiment, text
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
 _TOKENS = flags.DEFINE_integer("calib_tokens", 65536, "Calibration tokens.")
@@ -32,7 +31,7 @@ def measure(method: str) -> dict:
   load_s = time.perf_counter() - t0
   rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
   ids = text.windows(model, text.PYDOC_CALIB, _SEQ_LEN.value, _TOKENS.value)
-  if ids.n_tokens < _TOKENS.value:  # pydoc's half is ~55K tokens: cycle it to reach the target
+  if ids.n_tokens < _TOKENS.value:  # pydoc's calibration half is shorter: cycle it
     import numpy as np
     reps = -(-_TOKENS.value // ids.n_tokens)
     ids = text.TokenWindows(np.concatenate([ids.ids] * reps)[:_TOKENS.value // _SEQ_LEN.value],
@@ -54,6 +53,9 @@ def main(argv):
   if _METHOD.value:
     print("RESULT " + json.dumps(measure(_METHOD.value)))
     return
+  experiment.positive("--calib_tokens", _TOKENS.value)
+  experiment.positive("--k", _K.value)
+  out = experiment.check_output_path(_OUT.value)
   records = []
   for method in ("eigh", "cascade"):
     args = [sys.executable, __file__, f"--method={method}", f"--model={_MODEL.value}",
@@ -66,9 +68,7 @@ def main(argv):
     rec["peak_over_model_f32"] = rec["peak_rss_mb"] / rec["model_f32_mb"]
     records.append(rec)
     print(json.dumps(rec))
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, "w") as f:
-    json.dump({"records": records}, f, indent=2)
+  experiment.write_json(out, {"records": records})
 
 
 if __name__ == "__main__":

@@ -7,20 +7,16 @@ Same prompt and length for every contender, in one run.  JAX timings follow
 a compile-and-warm-up call, reported separately as compile_s.
 """
 
-import json
-import math
 import os
 import resource
 import time
 
 import jax
-import numpy as np
 from absl import flags, logging
 
 import gsi_jax
-from gsi_jax import cli, text
+from gsi_jax import cli, experiment, metrics, text
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi import metrics
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
@@ -29,6 +25,8 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per run.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per contender (best is kept).")
 _GSI = flags.DEFINE_list("gsi", [], "GSI operating points k:eps, e.g. 256:0.1,384:0.05.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
+_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
 _BASES_DIR = flags.DEFINE_string("bases_dir", DEFAULT_BASES_DIR, "Orbax bases cache.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/decode.json", "JSON output.")
 
@@ -47,12 +45,12 @@ def best_time(fn, repeats):
 
 
 def jax_decode(model, params, ids, n, repeats, gate=None):
+  """Tokens/s over exactly n new tokens (no stop at end-of-sequence), and compile time."""
+  run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
   t0 = time.perf_counter()
-  jax.block_until_ready(model.generate(params, ids, n, gate))
+  run()
   compile_s = time.perf_counter() - t0
-  seconds = best_time(lambda: jax.block_until_ready(model.generate(params, ids, n, gate)),
-                      repeats)
-  return n / seconds, compile_s
+  return n / best_time(run, repeats), compile_s
 
 
 def torch_decode(source: str, ids, n, repeats):
@@ -90,8 +88,16 @@ def parse_points(values):
 def main(argv):
   del argv
   points = parse_points(_GSI.value)
+  for k, eps in points:
+    experiment.positive("--gsi k", k)
+    gsi_jax.ops.check_threshold("--gsi eps", eps)
+  experiment.positive("--max_new_tokens", _NEW.value)
+  experiment.positive("--repeats", _REPEATS.value)
+  out = experiment.check_output_path(_OUT.value)
+  if _BASES_DIR.value:
+    gsi_jax.gsi.checkpoint.check_writable(_BASES_DIR.value)
   t0 = time.perf_counter()
-  model = gsi_jax.load_model(_MODEL.value)
+  model = gsi_jax.load_model(_MODEL.value, _DTYPE.value)
   load_s = time.perf_counter() - t0
   ids = model.encode(_PROMPT.value)[None]
   n = _NEW.value
@@ -106,12 +112,12 @@ def main(argv):
                          bases_dir=_BASES_DIR.value or None)
     for k, eps in points:
       params = gsi_jax.apply_gsi(model.params, bases, k)
-      gate = gsi_jax.make_gate(eps, skip_residual=True)
+      gate = gsi_jax.make_gate(eps, impl=_IMPL.value, batch1_switch=True)
       g_tps, g_compile = jax_decode(model, params, ids, n, _REPEATS.value, gate)
-      _, share = model.generate(params, ids, n, gate, return_stats=True)
-      b = metrics.byte_accounting(params, k, share)
+      _, share = model.generate(params, ids, n, gate, return_stats=True, stop_at_eos=False)
+      b = metrics.byte_accounting(params, share)
       result["gsi"].append({
-          "k": k, "eps": eps, "tokens_per_s": g_tps, "compile_s": g_compile,
+          "k": k, "eps": eps, "impl": gate.impl, "tokens_per_s": g_tps, "compile_s": g_compile,
           "decode_fast_share": metrics.mean_share(share),
           "predicted_speedup_bytes": b["speedup_bytes"],
           "predicted_speedup_paper": b["speedup_paper"],
@@ -122,12 +128,7 @@ def main(argv):
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
                   jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())
     logging.info("PyTorch: %.1f tok/s", t_tps)
-  for point in result["gsi"]:  # inf is not JSON: write it as a string
-    point["eps"] = point["eps"] if math.isfinite(point["eps"]) else "inf"
-  print(json.dumps(result, indent=2))
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, "w") as f:
-    json.dump(result, f, indent=2)
+  experiment.write_json(out, result)
 
 
 if __name__ == "__main__":

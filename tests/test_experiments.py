@@ -1,7 +1,9 @@
-"""Every experiment script end to end on tiny GPT-2, GPT-J and OPT checkpoints."""
+"""Every experiment script end to end on tiny GPT-2, GPT-J and OPT checkpoints, with the
+values of its records checked; bad flags fail before any compute with one line."""
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,30 +11,19 @@ import sys
 import pytest
 from absl import flags
 
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_control",
            "depth_coherence", "calibration_cost", "storage_overhead", "theorem4_check", "pareto"]
-REQUIRED = {
-    "quality_table": {"k", "eps", "mode", "ppl_dense", "ppl", "ppl_ratio", "top1_agreement",
-                      "fast_share", "fast_share_by_site", "speedup_paper", "speedup_bytes",
-                      "calib_tokens", "eval_tokens"},
-    "generation_fidelity": {"prompt", "dense_text", "gsi_text", "identical",
-                            "first_divergence", "fast_share"},
-    "pareto": {"method", "knob", "bytes_per_token", "bytes_fraction", "ppl_ratio",
-               "top1_agreement"},
-}
 EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4",
                     "--ladder=2", "--head_k=4", "--head_eps=0.5"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
-         "--eps=0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
-
+         "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
 _MODULES = {}
 
 
 def run_in_process(script, argv):
-  if script not in _MODULES:  # a script's own flags may be defined once only
+  if script not in _MODULES:
     spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "experiments",
                                                                        script + ".py"))
     _MODULES[script] = importlib.util.module_from_spec(spec)
@@ -46,38 +37,166 @@ def run_in_process(script, argv):
     flags.FLAGS.unparse_flags()
 
 
+def share(v):
+  return v is None or 0.0 <= v <= 1.0
+
+
+def check_quality_table(records):
+  for r in records:
+    assert share(r["fast_share"]) and all(share(v) for v in r["fast_share_by_site"].values())
+    assert share(r["top1_agreement"]) and r["ppl"] > 0
+    if r["mode"] == "static":
+      assert r["fast_share"] == 1.0
+    if r["mode"] == "gated" and r["eps"] == 0:  # never fast: exactly dense
+      assert r["fast_share"] == 0 and r["top1_agreement"] == 1.0
+      assert r["ppl_ratio"] == pytest.approx(1.0, abs=1e-6)
+  static = sorted((r for r in records if r["mode"] == "static"), key=lambda r: r["k"])
+  assert [r["speedup_bytes"] for r in static] == sorted(r["speedup_bytes"] for r in static)[::-1]
+
+
+def check_speedup_table(records):
+  for r in records:
+    assert share(r["fast_share"]) and r["bytes_per_token"] > 0
+  never = sorted((r for r in records if r["eps"] == 0), key=lambda r: r["k"])
+  assert all(r["fast_share"] == 0 for r in never)
+  # Always slow, a larger k reads more of V_k on top of W.
+  assert [r["bytes_per_token"] for r in never] == sorted(r["bytes_per_token"] for r in never)
+  assert never[0]["bytes_per_token"] > never[0]["bytes_per_token_dense"]
+
+
+def check_generation_fidelity(records):
+  for r in records:
+    assert share(r["fast_share"]) and 1 <= r["gsi_tokens"] <= r["max_new_tokens"]
+    assert r["identical"] == (r["first_divergence"] is None)
+    if r["eps"] == 0:  # never fast: the dense tokens
+      assert r["identical"]
+
+
+def check_negative_control(records):
+  for r in records:
+    assert share(r["fast_share"]) and 0 <= r["generations_identical"] <= r["prompts"]
+    if r["mode"] == "static":
+      assert r["fast_share"] == 1.0
+    if r["mode"] == "gated" and r["eps"] == 0:
+      assert r["ppl_ratio"] == pytest.approx(1.0, abs=1e-6)
+      assert r["generations_identical"] == r["prompts"]
+
+
+def check_depth_coherence(records):
+  assert all(0 <= r["mean_cosine"] <= 1 + 1e-9 for r in records)
+
+
+def check_calibration_cost(records):
+  for r in records:
+    assert r["eigh_s"] >= 0 and r["cascade_s"] >= 0 and r["energy_deficit"] > -1e-6
+
+
+def check_storage_overhead(records):
+  ours = sorted((r for r in records if r["dtype"] == "float32"), key=lambda r: r["k"])
+  assert all(r["overhead"] > 0 for r in ours)
+  assert [r["added_params"] for r in ours] == sorted(r["added_params"] for r in ours)
+
+
+def check_theorem4_check(records):
+  for r in records:
+    assert r["violations"] == 0
+    if r["fast_map_tokens"]:
+      assert 0 < r["max_error_over_bound"] <= 1
+
+
+def check_pareto(records):
+  assert {r["method"] for r in records} == set(_MODULES["pareto"].METHODS)
+  for r in records:
+    assert r["bytes_per_token"] > 0 and share(r["top1_agreement"]) and share(r["fast_share"])
+    if r["method"] == "static":
+      assert r["fast_share"] == 1.0
+
+
 @pytest.mark.parametrize("family", ["gpt2", "gptj", "opt"])
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script_end_to_end(tiny_folder, tmp_path, family, script):
   folder, _ = tiny_folder(family)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("def main():\nclass A:\n")
-  out = tmp_path / f"{script}.json"
+  out = tmp_path / "sub" / f"{script}.json"  # the folder is created
   run_in_process(script, SMALL + EXTRA.get(script, []) + [f"--model={folder}", f"--out={out}",
                                   f"--bases_dir={tmp_path / 'bases'}",
                                   f"--prompts_file={prompts}"])
   result = json.loads(out.read_text())
   assert result["config"]["model"] == folder
   assert result["records"], "no records"
-  for record in result["records"]:
-    assert REQUIRED.get(script, set()) <= set(record)
-  if script == "pareto":  # every method and extension ran
-    assert {r["method"] for r in result["records"]} == set(_MODULES[script].METHODS)
-  assert (tmp_path / f"{script}.md").exists()
+  globals()[f"check_{script}"](result["records"])
+  assert (tmp_path / "sub" / f"{script}.md").exists()
+
+
+def run_script(args, script="quality_table.py", cwd=ROOT):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script)] + args,
+                        capture_output=True, text=True, cwd=cwd,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
+
+
+def assert_one_error_line(proc, message):
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert len(lines) == 1 and message in lines[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("bad, message", [
     (["--k=abc"], "--k must be a comma list of numbers"),
-    (["--eps=-1"], "--eps values must be >= 0"),
+    (["--k=0"], "--k values must be positive"),
+    (["--eps=-1"], "--eps values must be a number >= 0"),
+    (["--eps=nan"], "--eps values must be a number >= 0"),
     (["--mode=fast"], "--mode 'fast' is not one of"),
+    (["--impl=cuda"], "--impl 'cuda' is not one of"),
+    (["--method=svd"], "--method 'svd' is not one of"),
+    (["--dtype=int8"], "--dtype 'int8' is not one of"),
     (["--no_such_flag=1"], "Unknown command line flag"),
     (["--model=/nonexistent/model.gguf"], "no such file or folder"),
+    (["--calib_tokens=-1"], "--calib_tokens must be at least one window"),
+    (["--eval_tokens=0"], "--eval_tokens must be at least one window"),
+    (["--seq_len=1"], "--seq_len must be >= 2"),
+    (["--max_new_tokens=0"], "--max_new_tokens must be a positive whole number"),
+    (["--calib_text_file=/nonexistent.txt"], "--calib_text_file: text file not found"),
+    (["--eval_text_file=/"], "--eval_text_file: / is a folder"),
+    (["--out=/"], "--out: / is a folder"),
+    (["--out=/etc/hostname/x.json"], "is a file, so"),
+    (["--bases_dir=/etc/hostname/bases"], "cannot save bases under"),
+    (["positional"], "unexpected arguments"),
 ])
 def test_bad_flags_exit_2_with_one_line(bad, message):
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "quality_table.py")]
-                        + bad, capture_output=True, text=True, cwd=ROOT,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 2, proc.stderr
-  lines = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
-  assert len(lines) == 1 and message in lines[0], proc.stderr
-  assert "Traceback" not in proc.stderr
+  assert_one_error_line(run_script(bad), message)
+
+
+def test_checks_that_need_the_model_come_before_calibration(tiny_folder, tmp_path):
+  folder, _ = tiny_folder("gpt2")
+  proc = run_script([f"--model={folder}", "--k=10000", f"--bases_dir={tmp_path}"])
+  assert_one_error_line(proc, "--k=10000 exceeds the widest site")
+  assert not any(tmp_path.iterdir())  # nothing was calibrated
+  empty = tmp_path / "empty.txt"
+  empty.write_text("\n \n")
+  proc = run_script([f"--model={folder}", f"--prompts_file={empty}"], "generation_fidelity.py")
+  assert_one_error_line(proc, "--prompts_file")
+
+
+def test_help_exits_0():
+  proc = run_script(["--help"])
+  assert proc.returncode == 0 and "--eval_tokens" in proc.stdout
+
+
+def test_demo_validates_before_compute(tmp_path):
+  for args, message in ((["--k=128,256"], "one --k and one --eps"),
+                        (["--max_new_tokens=-3"], "--max_new_tokens must be"),
+                        ([f"--out={tmp_path}"], "is a folder")):
+    proc = subprocess.run([sys.executable, "-m", "gsi_jax.demo"] + args, capture_output=True,
+                          text=True, cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          timeout=300)
+    assert_one_error_line(proc, message)
+
+
+def test_strict_json_never_writes_bare_infinity(tmp_path):
+  from gsi_jax import experiment
+  path = experiment.write_json(str(tmp_path / "x.json"), {"eps": math.inf, "v": [math.nan, 1.0]})
+  text = (tmp_path / "x.json").read_text()
+  assert "Infinity" not in text and "NaN" not in text
+  assert json.loads(text) == {"eps": "inf", "v": ["nan", 1.0]} and path.endswith("x.json")

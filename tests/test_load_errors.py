@@ -1,6 +1,7 @@
 """Bad sources raise GSIError with a message that names the problem."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -91,6 +92,51 @@ def test_hub_id_offline_fails_clearly(monkeypatch):
     gsi_jax.load_model("someone/not-cached-model")
 
 
-def test_bad_dtype():
-  with pytest.raises(GSIError, match="dtype 'int8'"):
-    gsi_jax.load_model("smollm2-135m", dtype="int8")
+@pytest.mark.parametrize("dtype", ["int8", "bogus", None])
+def test_bad_dtype(dtype):
+  with pytest.raises(GSIError, match=f"dtype {dtype!r} is not supported"):
+    gsi_jax.load_model("smollm2-135m", dtype=dtype)
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", "\xff\xfe"])
+def test_malformed_config_json(tiny_folder, tmp_path, content):
+  folder = _tiny_with(tiny_folder, tmp_path, "gpt2")
+  with open(f"{folder}/config.json", "w", encoding="latin-1") as f:
+    f.write(content)
+  with pytest.raises(GSIError, match="config.json"):
+    gsi_jax.load_model(folder)
+
+
+@pytest.mark.parametrize("damage", ["truncate_header", "truncate_data", "garbage"])
+def test_damaged_safetensors(tiny_folder, tmp_path, damage):
+  folder = _tiny_with(tiny_folder, tmp_path, "opt")
+  path = f"{folder}/model.safetensors"
+  data = open(path, "rb").read()
+  data = {"truncate_header": data[:20], "truncate_data": data[:len(data) // 2],
+          "garbage": b"\x00" * 1000}[damage]
+  open(path, "wb").write(data)
+  with pytest.raises(GSIError, match="truncated or damaged"):
+    gsi_jax.load_model(folder)
+
+
+def test_malicious_pickle_is_refused_and_never_run(tiny_folder, tmp_path):
+  """A .bin whose unpickling would run code: one clear error, no weights_only=False advice."""
+  import pickle
+  import torch
+  folder = _tiny_with(tiny_folder, tmp_path, "gpt2")
+  os.remove(f"{folder}/model.safetensors")
+  marker = tmp_path / "payload_ran"
+
+  class Payload:
+    def __reduce__(self):
+      return (open, (str(marker), "w"))
+  torch.save({"wte.weight": Payload()}, f"{folder}/pytorch_model.bin", pickle_module=pickle)
+  with pytest.raises(GSIError, match="never run") as info:
+    gsi_jax.load_model(folder)
+  assert "weights_only" not in str(info.value)
+  assert not marker.exists()
+
+
+def test_not_a_folder_or_file(tmp_path):
+  with pytest.raises(GSIError, match="no such file or folder"):
+    gsi_jax.load_model(str(tmp_path / "nothing" / "here"))

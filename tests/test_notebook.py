@@ -19,8 +19,15 @@ def test_notebook_executes(tmp_path):
   params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
   params.source = "\n".join([
       f"MODEL = {str(tmp_path)!r}", "CALIB_TOKENS = 512", "EVAL_TOKENS = 256", "SEQ_LEN = 32",
-      "K_LIST = [4, 8]", "EPS_LIST = [0.3, 0.6]", f"BASES_DIR = {str(tmp_path / 'bases')!r}"])
+      "K_LIST = [4, 8]", "EPS_LIST = [0.3, 0.6]", f"BASES_DIR = {str(tmp_path / 'bases')!r}",
+      f"OUT = {str(tmp_path / 'coherence.json')!r}"])
   NotebookClient(nb, timeout=600, kernel_name="python3",
                  resources={"metadata": {"path": str(tmp_path)}}).execute()
   printed = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
   assert "held-out" in printed and "in-sample" in printed
+  images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+            if "image/png" in o.get("data", {})]
+  assert len(images) >= 4, "the notebook shows no plots"
+  import json
+  rows = json.loads((tmp_path / "coherence.json").read_text())["records"]
+  assert len(rows) == 4 and all(0 <= r["held_out"] <= 1 and 0 <= r["in_sample"] <= 1 for r in rows)

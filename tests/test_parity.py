@@ -25,7 +25,7 @@ def test_logits_match_torch(tiny_folder, name):
 def test_kv_cache_decode_equals_full_forward(tiny_folder, name):
   folder, _ = tiny_folder(name)
   model = gsi_jax.load_model(folder)
-  out = np.asarray(model.generate(model.params, IDS[:, :4], max_new_tokens=8))
+  out = np.asarray(model.generate(model.params, IDS[:, :4], max_new_tokens=8, stop_at_eos=False))
   # Each generated token is the argmax of a full forward over the prefix.
   full = np.asarray(model.logits(model.params, out[:, :-1]))
   np.testing.assert_array_equal(out[:, 4:], full[:, 3:].argmax(-1))
@@ -35,7 +35,8 @@ def test_kv_cache_decode_equals_full_forward(tiny_folder, name):
 def test_greedy_equals_hf_generate(tiny_folder, name):
   folder, ref = tiny_folder(name)
   model = gsi_jax.load_model(folder)
-  got = np.asarray(model.generate(model.params, IDS[:, :5], max_new_tokens=10))
+  got = np.asarray(model.generate(model.params, IDS[:, :5], max_new_tokens=10,
+                                  stop_at_eos=False))
   with torch.no_grad():
     want = ref.generate(torch.from_numpy(IDS[:, :5]).long(), max_new_tokens=10,
                         min_new_tokens=10, do_sample=False, eos_token_id=None,
@@ -51,3 +52,20 @@ def test_pytorch_bin_checkpoint(tmp_path):
   with torch.no_grad():
     want = ref(torch.from_numpy(IDS).long()).logits.numpy()
   np.testing.assert_allclose(np.asarray(model.logits(model.params, IDS)), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
+def test_greedy_stops_at_eos_like_hf(tiny_folder, name):
+  """With an end-of-sequence id the model does produce, both stop at the same length."""
+  import dataclasses
+  folder, ref = tiny_folder(name)
+  model = gsi_jax.load_model(folder)
+  free = np.asarray(model.generate(model.params, IDS[:, :5], 10, stop_at_eos=False))
+  eos = int(free[0, 8])  # row 0 produces it by step 4 at the latest
+  model = dataclasses.replace(model, eos_ids=(eos,))
+  got = np.asarray(model.generate(model.params, IDS[:, :5], 10))
+  with torch.no_grad():
+    want = ref.generate(torch.from_numpy(IDS[:, :5]).long(), max_new_tokens=10,
+                        do_sample=False, eos_token_id=eos, pad_token_id=eos).numpy()
+  np.testing.assert_array_equal(got, want)
+  assert got.shape[1] <= free.shape[1]

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import GSIError, peers
-from gsi_jax.gsi import calibration, metrics
-from gsi_jax.gsi.bases import site_kernels
+from gsi_jax import GSIError, metrics, peers
+from gsi_jax.gsi import calibration
+from gsi_jax.models.params import site_kernels
 
 IDS = np.random.default_rng(0).integers(0, 101, (8, 16)).astype(np.int32)
 

@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent("""
     sharded = shard_params(params, mesh)
     W = sharded["layer_0"]["mlp_in"]["kernel"]["gate"]
     assert len(W.sharding.device_set) == 4 and W.addressable_shards[0].data.shape == (48, 16)
-    assert sharded["layer_0"]["mlp_in"]["basis"].sharding.is_fully_replicated
+    assert sharded["layer_0"]["mlp_in"]["V"].sharding.is_fully_replicated
+    assert len(sharded["layer_0"]["mlp_in"]["M"]["gate"].sharding.device_set) == 4
     want = np.asarray(model.logits(params, ids[:2], gate))
     got = np.asarray(model.logits(sharded, ids[:2], gate))
     np.testing.assert_allclose(got, want, atol=1e-5)

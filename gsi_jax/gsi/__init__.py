@@ -1,9 +1,8 @@
 from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.gsi.calibration import calibrate
 from gsi_jax.gsi.checkpoint import load_bases, save_bases
-from gsi_jax.gsi.coherence import depth_coherence
 from gsi_jax.gsi.head import apply_gsi_head, head_basis
-from gsi_jax.gsi.transform import apply_gsi, dense_params
+from gsi_jax.gsi.transform import apply_gsi
 
-__all__ = ["Bases", "apply_gsi", "apply_gsi_head", "calibrate", "dense_params", "depth_coherence",
-           "fingerprint", "head_basis", "load_bases", "save_bases"]
+__all__ = ["Bases", "apply_gsi", "apply_gsi_head", "calibrate", "fingerprint", "head_basis",
+           "load_bases", "save_bases"]

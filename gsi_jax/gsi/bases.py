@@ -9,7 +9,9 @@ from typing import Any
 import jax
 import numpy as np
 
-FORMAT_VERSION = 1
+from gsi_jax.models import params as P
+
+FORMAT_VERSION = 2  # 2: checksums of every array in the metadata
 
 
 @dataclasses.dataclass
@@ -32,8 +34,7 @@ class Bases:
 
   def sites(self):
     """(layer, site) pairs in model order."""
-    layers = sorted(self.vectors, key=lambda name: int(name.split("_")[1]))
-    return [(layer, site) for layer in layers for site in self.vectors[layer]]
+    return [(layer, site) for layer in P.layers(self.vectors) for site in self.vectors[layer]]
 
   def arrays(self) -> dict:
     return {"vectors": self.vectors, "eigenvalues": self.eigenvalues, "trace": self.trace}
@@ -45,22 +46,10 @@ class Bases:
             for layer, sites in self.vectors.items()}
 
 
-def site_kernels(params) -> dict[str, dict[str, dict[str, Any]]]:
-  """{layer: {site: {map: W_DO}}} for every linear-map site in a param tree."""
-  out = {}
-  for layer, block in params.items():
-    if not layer.startswith("layer_"):
-      continue
-    for site, node in block.items():
-      if isinstance(node, dict) and isinstance(node.get("kernel"), dict):
-        out.setdefault(layer, {})[site] = node["kernel"]
-  return out
-
-
 def fingerprint(params) -> str:
   """Identity of a model's weights: shapes of every site plus a sample of values."""
   h = hashlib.sha256()
-  for layer, sites in sorted(site_kernels(params).items()):
+  for layer, sites in sorted(P.site_kernels(params).items()):
     for site, kernels in sorted(sites.items()):
       for name, W in sorted(kernels.items()):
         h.update(f"{layer}/{site}/{name}{tuple(W.shape)}".encode())

@@ -10,7 +10,7 @@ import time
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.gsi.calibration import calibrate
-from gsi_jax.gsi.checkpoint import load_bases, save_bases
+from gsi_jax.gsi.checkpoint import check_writable, load_bases, save_bases
 from gsi_jax.text import TokenWindows
 
 DEFAULT_BASES_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gsi_jax", "bases")
@@ -26,6 +26,8 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
   """Restore bases calibrated on exactly these windows, or calibrate and save them."""
   fp = fingerprint(params)
   path = bases_path(bases_dir, fp, windows, method) if bases_dir else None
+  if path:
+    check_writable(path)  # before the calibration, not after it
   if path and os.path.isdir(path):
     try:
       bases = load_bases(path, fingerprint=fp)

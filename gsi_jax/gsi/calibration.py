@@ -12,14 +12,10 @@ import numpy as np
 
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import cascade
-from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint, site_kernels
+from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint
+from gsi_jax.models import params as P
 
 METHODS = ("eigh", "cascade")
-
-
-def _inputs(tree):
-  """A sown inputs collection with each {"x": (X,)} replaced by X."""
-  return tree["x"][0] if "x" in tree else {key: _inputs(v) for key, v in tree.items()}
 
 
 @functools.partial(jax.jit, static_argnames=("module", "collection"), donate_argnums=(1,))
@@ -29,11 +25,11 @@ def _accumulate(module, grams, params, ids_BT, collection):
   def add(gram, x):
     X = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
     return gram + X.T @ X
-  return jax.tree.map(add, grams, _inputs(state[collection]))
+  return jax.tree.map(add, grams, P.unwrap_sown(state[collection]))
 
 
 def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
-                  progress: bool = True, collection: str = "site_inputs") -> dict:
+                  progress: bool = True, collection: str = P.SITE_INPUTS) -> dict:
   """X^T X of every sown input over all windows (float32 numpy); memory bounded by one batch.
 
   collection "site_inputs": {layer: {site: G}}; "head_inputs": {"lm_head": G}.
@@ -42,7 +38,7 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
       lambda p, x: model.module.apply({"params": p}, x, mutable=[collection]),
       params, jnp.zeros((1, windows_NT.shape[1]), jnp.int32))
   grams = jax.tree.map(lambda x: jnp.zeros((x.shape[-1],) * 2, jnp.float32),
-                       _inputs(state[collection]))
+                       P.unwrap_sown(state[collection]))
   n = windows_NT.shape[0]
   start = time.time()
   for i in range(0, n, batch_size):
@@ -83,10 +79,8 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
                      f"{seq_len}; give more text or a smaller seq_len")
     n = len(ids) // seq_len
     ids = ids[:n * seq_len].reshape(n, seq_len)
-  widths = [W.shape[0] for sites in site_kernels(params).values()
-            for kernels in sites.values() for W in kernels.values()]
-  if k_max > max(widths):
-    raise GSIError(f"k_max={k_max} exceeds the widest site ({max(widths)})")
+  if k_max > P.widest_site(params):
+    raise GSIError(f"k_max={k_max} exceeds the widest site ({P.widest_site(params)})")
   grams = gram_matrices(model, params, ids, batch_size, progress)
   bases = solve(grams, k_max, method, progress)
   bases.meta.update({
@@ -103,8 +97,7 @@ def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False)
     raise GSIError(f"calibration method {method!r} is not one of {METHODS}")
   vectors, eigenvalues, trace, per_site = {}, {}, {}, {}
   previous: dict[str, np.ndarray] = {}
-  layers = sorted(grams, key=lambda name: int(name.split("_")[1]))
-  for layer in layers:
+  for layer in P.layers(grams):
     for site, G32 in grams[layer].items():
       # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
       G = (np.asarray(G32, np.float64) + np.asarray(G32, np.float64).T) / 2

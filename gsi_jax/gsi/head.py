@@ -3,7 +3,7 @@
 On a small model the head is a large share of the bytes a decode step reads
 (SmolLM2-135M: 28 M of 135 M weights, tied to the embedding table).  Its
 input, the final hidden state, gets its own calibrated basis; the head then
-reads V_k and M = V_k^T W_head on fast tokens and W_head on slow ones, like
+reads V_k and M = V_kᵀ W_head on fast tokens and W_head on slow ones, like
 any site, at the gate's head_eps.  The embedding itself costs one row per
 token and is left dense.
 """
@@ -15,19 +15,14 @@ import numpy as np
 
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.calibration import gram_matrices, top_eigenpairs
-
-
-def head_kernel(params):
-  """W_DV of the LM head: its own kernel, or the transposed embedding table if tied."""
-  head = params.get("lm_head", {})
-  return head["kernel"] if "kernel" in head else params["embed"]["embedding"].T
+from gsi_jax.models import params as P
 
 
 def head_basis(model, params, windows_NT: np.ndarray, k_max: int,
                progress: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
   """(V_DK, top energies, total energy) of the head's input over the calibration windows."""
   G = gram_matrices(model, params, windows_NT, progress=progress,
-                    collection="head_inputs")["lm_head"]
+                    collection=P.HEAD_INPUTS)[P.LM_HEAD]
   G = (np.asarray(G, np.float64) + np.asarray(G, np.float64).T) / 2
   if not 0 < k_max <= G.shape[0]:
     raise GSIError(f"head k must be in 1..{G.shape[0]} (the head's input width), got {k_max}")
@@ -36,8 +31,8 @@ def head_basis(model, params, windows_NT: np.ndarray, k_max: int,
 
 
 def apply_gsi_head(params, V_DK: np.ndarray, k: int):
-  """New params whose LM head also holds basis V_k and image M = V_k^T W_head."""
-  W_DV = head_kernel(params)
+  """New params whose LM head also holds V_k and M = V_kᵀ W_head."""
+  W_DV = P.head_kernel(params)
   if V_DK.shape[0] != W_DV.shape[0]:
     raise GSIError(f"head basis is {V_DK.shape[0]}-wide, the head reads {W_DV.shape[0]}; "
                    "calibrate the head of this model")
@@ -45,4 +40,4 @@ def apply_gsi_head(params, V_DK: np.ndarray, k: int):
     raise GSIError(f"head k must be in 1..{V_DK.shape[1]} (the basis' columns), got {k}")
   V = jnp.asarray(V_DK[:, :k], W_DV.dtype)
   M = (V.astype(jnp.float32).T @ W_DV.astype(jnp.float32)).astype(W_DV.dtype)
-  return {**params, "lm_head": {**params.get("lm_head", {}), "basis": V, "image": M}}
+  return {**params, P.LM_HEAD: {**P.head(params), P.V: V, P.M: {P.HEAD_MAP: M}}}

@@ -52,17 +52,29 @@ def param_shapes(config: ModelConfig, dtype):
   return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
 
 
-def _build(config, table, get, dtype, origin, tokenizer, source) -> Model:
+def _eos_ids(tokenizer, configured=None) -> tuple[int, ...]:
+  """End-of-sequence ids: config.json's (an int or a list), else the tokenizer's."""
+  if configured is None and tokenizer is not None:
+    configured = tokenizer.eos_token_id
+  if configured is None:
+    return ()
+  return tuple(int(i) for i in (configured if isinstance(configured, list) else [configured]))
+
+
+def _build(config, table, get, dtype, origin, tokenizer, source, eos_ids=()) -> Model:
   dtype = jnp.dtype(dtype)
   params = mapping.fill_params(table, get, param_shapes(config, dtype), dtype, origin)
-  return Model(config=config, params=params, tokenizer=tokenizer, dtype=dtype, source=source)
+  return Model(config=config, params=params, tokenizer=tokenizer, dtype=dtype, source=source,
+               eos_ids=eos_ids)
 
 
 def load_gguf(path: str, dtype="float32") -> Model:
+  """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
   config = gguf_file.config_from_gguf(reader, path)
+  tokenizer = gguf_file.tokenizer_from_gguf(reader, path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
-                dtype, path, gguf_file.tokenizer_from_gguf(reader, path), path)
+                dtype, path, tokenizer, path, _eos_ids(tokenizer))
 
 
 def _hf_tensor_getter(folder: str):
@@ -71,11 +83,21 @@ def _hf_tensor_getter(folder: str):
   index: dict[str, tuple] = {}
   if files:
     from safetensors import safe_open
-    handles = [safe_open(f, framework="flax") for f in files]
-    for h in handles:
+    for f in files:
+      try:
+        h = safe_open(f, framework="flax")
+      except Exception as e:  # SafetensorError: header unreadable
+        raise GSIError(f"{f} is not a readable safetensors file ({e}); the file is "
+                       "truncated or damaged, download it again") from None
       for key in h.keys():
-        index[key] = (h, key)
-    read = lambda h, key: np.asarray(h.get_tensor(key), np.float32)
+        index[key] = (h, key, f)
+
+    def read(h, key, f):
+      try:
+        return np.asarray(h.get_tensor(key), np.float32)
+      except Exception as e:  # data past the end of a truncated file
+        raise GSIError(f"{f}: tensor {key} cannot be read ({e}); the file is truncated "
+                       "or damaged, download it again") from None
   else:
     bins = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
     if not bins:
@@ -86,7 +108,12 @@ def _hf_tensor_getter(folder: str):
       raise GSIError(f"{folder} holds PyTorch .bin weights; install torch or convert "
                      "them to safetensors") from None
     for f in bins:
-      state = torch.load(f, map_location="cpu", weights_only=True)
+      try:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+      except Exception as e:  # torch's message would suggest weights_only=False: never
+        raise GSIError(f"{f} is not a plain PyTorch weights file ({type(e).__name__}); it "
+                       "is damaged or holds code, which is never run: convert the "
+                       "checkpoint to safetensors from a source you trust") from None
       for key, value in state.items():
         index[key] = (state, key)
     read = lambda state, key: state[key].float().numpy()
@@ -107,11 +134,17 @@ def _hf_tensor_getter(folder: str):
 
 
 def load_hf_folder(folder: str, dtype="float32") -> Model:
+  """A local Hugging Face folder: config.json, safetensors or .bin, and a tokenizer if any."""
   config_path = os.path.join(folder, "config.json")
   if not os.path.isfile(config_path):
     raise GSIError(f"{folder} has no config.json; not a Hugging Face model folder")
-  with open(config_path) as f:
-    raw = json.load(f)
+  try:
+    with open(config_path, encoding="utf-8") as f:
+      raw = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise GSIError(f"{config_path} is not valid JSON ({e}); fix or replace it") from None
+  if not isinstance(raw, dict):
+    raise GSIError(f"{config_path} must hold a JSON object, got {type(raw).__name__}")
   config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
   tokenizer = None
   if any(os.path.exists(os.path.join(folder, n)) for n in
@@ -119,7 +152,7 @@ def load_hf_folder(folder: str, dtype="float32") -> Model:
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(folder)
   return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
-                dtype, folder, tokenizer, folder)
+                dtype, folder, tokenizer, folder, _eos_ids(tokenizer, raw.get("eos_token_id")))
 
 
 def _download(repo_id: str) -> str:
@@ -136,10 +169,17 @@ def _download(repo_id: str) -> str:
                      "pass a local folder or a .gguf file instead") from None
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 def load_model(source: str = DEFAULT_MODEL, dtype="float32") -> Model:
   """A preset name, a .gguf path, a local Hugging Face folder, or a hub id."""
-  if jnp.dtype(dtype) not in (jnp.float32, jnp.bfloat16, jnp.float16):
-    raise GSIError(f"dtype {dtype!r} is not supported; use float32, bfloat16 or float16")
+  try:
+    supported = jnp.dtype(dtype).name in DTYPES
+  except TypeError:
+    supported = False
+  if not supported:
+    raise GSIError(f"dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
   source = str(source)
   if source in PRESETS:
     resolved = PRESETS[source]

@@ -1,6 +1,5 @@
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
-from gsi_jax.models.linear import Gate, make_gate
 from gsi_jax.models.model import Model
 
-__all__ = ["Decoder", "Gate", "Model", "ModelConfig", "init_cache", "make_gate"]
+__all__ = ["Decoder", "Model", "ModelConfig", "init_cache"]

@@ -9,12 +9,46 @@ from __future__ import annotations
 
 import dataclasses
 
+from gsi_jax.errors import GSIError
+
 FAMILIES = ("gpt2", "gptj", "opt", "llama")
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "silu")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+  """One architecture.  Fields:
+
+  family: "gpt2", "gptj", "opt" or "llama".
+  vocab_size: rows of the embedding table.
+  d_model: width of the residual stream.
+  n_layers: transformer blocks.
+  n_heads: query heads.
+  n_kv_heads: key/value heads (fewer than n_heads: grouped-query attention).
+  head_dim: width of one head.
+  d_ff: hidden width of the MLP.
+  activation: "gelu_tanh", "gelu", "relu" or "silu".
+  norm: "layernorm" or "rmsnorm".
+  norm_eps: the norms' epsilon.
+  gated_mlp: SwiGLU-style gate/up/down instead of fc_in/fc_out.
+  learned_positions: rows of a learned position table; 0 means rotary.
+  position_offset: OPT reads position row pos + 2.
+  rope_theta: rotary base frequency.
+  rotary_dim: dims of each head that rotate; 0 means all.
+  rope_interleaved: GPT-J rotates adjacent pairs (Llama rotates halves).
+  rope_scaling: Llama-3 long-context frequency scaling, as (key, value) pairs; None for plain.
+  parallel_block: GPT-J: attention and MLP read one norm and add in parallel.
+  pre_norm: False for OPT-350m's post-LayerNorm blocks.
+  final_norm: a norm before the LM head.
+  attn_bias: q/k/v have biases.
+  attn_out_bias: the attention output map has a bias.
+  mlp_bias: the MLP maps have biases.
+  norm_bias: LayerNorm has a bias (RMSNorm never does).
+  tied_embeddings: the LM head reads the embedding table.
+  lm_head_bias: the LM head has a bias (GPT-J).
+  embed_proj_dim: OPT-350m: embeddings narrower than d_model, projected in and out; 0: none.
+  name: a label for reports.
+  """
   family: str
   vocab_size: int
   d_model: int
@@ -24,36 +58,34 @@ class ModelConfig:
   head_dim: int
   d_ff: int
   activation: str
-  norm: str  # "layernorm" | "rmsnorm"
+  norm: str
   norm_eps: float
-  gated_mlp: bool = False  # SwiGLU-style gate/up/down
-  # Positions: learned table (GPT-2, OPT) or rotary (GPT-J, Llama).
-  learned_positions: int = 0  # table rows; 0 means rotary
-  position_offset: int = 0  # OPT reads row pos + 2
+  gated_mlp: bool = False
+  learned_positions: int = 0
+  position_offset: int = 0
   rope_theta: float = 10000.0
-  rotary_dim: int = 0  # dims of each head that rotate; 0 means all
-  rope_interleaved: bool = False  # GPT-J rotates adjacent pairs
-  # Llama-3 style long-context frequency scaling; None for plain RoPE.
+  rotary_dim: int = 0
+  rope_interleaved: bool = False
   rope_scaling: tuple[tuple[str, float], ...] | None = None
-  parallel_block: bool = False  # GPT-J: attention and MLP read one norm
-  pre_norm: bool = True  # False for OPT-350m's post-LayerNorm blocks
+  parallel_block: bool = False
+  pre_norm: bool = True
   final_norm: bool = True
   attn_bias: bool = False
   attn_out_bias: bool = False
   mlp_bias: bool = False
-  norm_bias: bool = True  # LayerNorm with a bias (not used by RMSNorm)
+  norm_bias: bool = True
   tied_embeddings: bool = False
   lm_head_bias: bool = False
-  embed_proj_dim: int = 0  # OPT-350m: embeddings narrower than d_model
+  embed_proj_dim: int = 0
   name: str = ""
 
   def __post_init__(self):
     if self.family not in FAMILIES:
-      raise ValueError(f"family {self.family!r} not in {FAMILIES}")
+      raise GSIError(f"family {self.family!r} not in {FAMILIES}")
     if self.activation not in ACTIVATIONS:
-      raise ValueError(f"activation {self.activation!r} not in {ACTIVATIONS}")
+      raise GSIError(f"activation {self.activation!r} not in {ACTIVATIONS}")
     if self.n_heads % self.n_kv_heads:
-      raise ValueError("n_heads must be a multiple of n_kv_heads")
+      raise GSIError("n_heads must be a multiple of n_kv_heads")
 
   @property
   def q_dim(self) -> int:

@@ -13,9 +13,11 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from einops import rearrange
 
 from gsi_jax.models.config import ModelConfig
-from gsi_jax.models.linear import Gate, LinearSite, gated_outputs
+from gsi_jax.models.linear import LinearSite, LMHead
+from gsi_jax.ops import Gate
 
 
 class LayerCache(NamedTuple):
@@ -73,15 +75,15 @@ def apply_rope(x_BTNH: jax.Array, positions_T: jax.Array, config: ModelConfig) -
 
 def attend(q_BTNH, k_BSKH, v_BSKH, q_pos_T, k_pos_S):
   """Causal grouped-query attention in float32."""
-  B, T, N, H = q_BTNH.shape
-  K = k_BSKH.shape[2]
-  q = q_BTNH.reshape(B, T, K, N // K, H).astype(jnp.float32)
+  H = q_BTNH.shape[-1]
+  # Query heads come in groups of N / K that share one KV head.
+  q = rearrange(q_BTNH, "b t (k g) h -> b t k g h", k=k_BSKH.shape[2]).astype(jnp.float32)
   scores = jnp.einsum("btkgh,bskh->bkgts", q, k_BSKH.astype(jnp.float32)) / jnp.sqrt(H)
-  mask_TS = k_pos_S[None, :] <= q_pos_T[:, None]
-  scores = jnp.where(mask_TS, scores, jnp.finfo(jnp.float32).min)
+  mask_11TS = (k_pos_S[None, :] <= q_pos_T[:, None])[None, None, None]
+  scores = jnp.where(mask_11TS, scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1)
   out = jnp.einsum("bkgts,bskh->btkgh", probs, v_BSKH.astype(jnp.float32))
-  return out.reshape(B, T, N * H).astype(q_BTNH.dtype)
+  return rearrange(out, "b t k g h -> b t (k g h)").astype(q_BTNH.dtype)
 
 
 class Norm(nn.Module):
@@ -157,39 +159,6 @@ class Block(nn.Module):
     a, cache = attention(self._site("attn_in", qkv)(x_BTD, gate), cache)
     x_BTD = attn_norm(x_BTD + a)
     return mlp_norm(x_BTD + mlp(x_BTD)), cache
-
-
-class LMHead(nn.Module):
-  """Logits from the final hidden state; a tied head reads the embedding table.
-
-  Same parameter names as nn.Dense ("kernel", "bias"), so checkpoints map
-  unchanged.  `gsi_jax.apply_gsi_head` adds "basis"/"image" (also for a tied
-  head), which gates the head like a site, at gate.head_eps (beyond the paper).
-  """
-  vocab_size: int
-  use_bias: bool
-  dtype: Any
-
-  @nn.compact
-  def __call__(self, x_BTD, table_VD, gate: Gate | None):
-    if table_VD is None:
-      W_DV = self.param("kernel", nn.initializers.lecun_normal(),
-                        (x_BTD.shape[-1], self.vocab_size), self.dtype)
-    else:
-      W_DV = table_VD.T
-    self.sow("head_inputs", "x", x_BTD)
-    if gate is None or gate.mode == "dense" or not self.has_variable("params", "basis"):
-      y_BTV = x_BTD @ W_DV
-    else:
-      (y_BTV,), fast_BT, _ = gated_outputs(
-          x_BTD, [W_DV], self.get_variable("params", "basis"),
-          self.get_variable("params", "image"),
-          gate.eps if gate.head_eps is None else gate.head_eps,
-          static=gate.mode == "static", skip_residual=gate.skip_residual)
-      self.sow("head_stats", "fast", fast_BT)
-    if self.use_bias:
-      y_BTV = y_BTV + self.param("bias", nn.initializers.zeros, (self.vocab_size,), self.dtype)
-    return y_BTV
 
 
 class Decoder(nn.Module):

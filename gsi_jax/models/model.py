@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gsi_jax.errors import GSIError
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
-from gsi_jax.models.linear import Gate
+from gsi_jax.ops import Gate
 
 
 def _fast_counts(gate_stats) -> dict:
@@ -34,7 +35,12 @@ def _forward(module, params, ids_BT, gate, collections=()):
 
 
 @functools.partial(jax.jit, static_argnames=("module", "max_new_tokens"))
-def _generate(module, params, ids_BT, gate, max_new_tokens):
+def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
+  """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts.
+
+  The loop ends early once every row has produced one of eos_ids (empty: never);
+  a finished row repeats its end-of-sequence token.
+  """
   B, T = ids_BT.shape
   dtype = jax.tree.leaves(params["embed"])[0].dtype
   cache = init_cache(module.config, B, T + max_new_tokens, dtype)
@@ -45,18 +51,27 @@ def _generate(module, params, ids_BT, gate, max_new_tokens):
     counts = _fast_counts(state.get("gate_stats", {}))
     return jnp.argmax(logits[:, -1], -1).astype(ids_BT.dtype), cache, counts
 
+  def finished(tok):
+    return jnp.any(tok[:, None] == eos_ids[None, :], -1)
+
   tok, cache, counts = step(ids_BT, 0, cache)
+  out = jnp.zeros((B, max_new_tokens), ids_BT.dtype).at[:, 0].set(tok)
+  zero_counts = jax.tree.map(jnp.zeros_like, counts)
 
-  def body(carry, _):
-    tok, cache, pos, total = carry
-    nxt, cache, counts = step(tok[:, None], pos, cache)
-    return (nxt, cache, pos + 1, jax.tree.map(jnp.add, total, counts)), tok
+  def cond(carry):
+    _, _, i, done, _, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done)
 
-  decode_counts = jax.tree.map(jnp.zeros_like, counts)
-  (last, _, _, decode_counts), toks = jax.lax.scan(
-      body, (tok, cache, T, decode_counts), None, length=max_new_tokens - 1)
-  new = jnp.concatenate([toks.T, last[:, None]], axis=1) if max_new_tokens > 1 else tok[:, None]
-  return jnp.concatenate([ids_BT, new], axis=1), decode_counts
+  def body(carry):
+    tok, cache, i, done, out, total = carry
+    nxt, cache, counts = step(tok[:, None], T + i - 1, cache)
+    nxt = jnp.where(done, tok, nxt)
+    out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))
+    return nxt, cache, i + 1, done | finished(nxt), out, jax.tree.map(jnp.add, total, counts)
+
+  _, _, steps, _, out, decode_counts = jax.lax.while_loop(
+      cond, body, (tok, cache, jnp.int32(1), finished(tok), out, zero_counts))
+  return out, steps, decode_counts
 
 
 @dataclasses.dataclass
@@ -65,12 +80,14 @@ class Model:
 
   `params` is a plain pytree; every method takes params explicitly so that
   transformed (GSI) parameters go through the same entry points.
+  eos_ids: the end-of-sequence token ids greedy decoding stops at.
   """
   config: ModelConfig
   params: Any
   tokenizer: Any = None
   dtype: Any = jnp.float32
   source: str = ""
+  eos_ids: tuple[int, ...] = ()
 
   @functools.cached_property
   def module(self) -> Decoder:
@@ -87,24 +104,29 @@ class Model:
                     tuple(collections))
 
   def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
-               return_stats: bool = False):
+               return_stats: bool = False, stop_at_eos: bool = True):
     """Greedy decoding with a KV cache; returns prompt + new ids, (B, T + N).
 
-    With return_stats, also {layer: {site: fast share}} over the decode steps
-    (the prompt's prefill excluded), which is what batch-1 decoding reads.
+    stop_at_eos (as transformers' generate): stop once every row has produced an
+    end-of-sequence token, so N <= max_new_tokens; a row that finished earlier
+    repeats its end-of-sequence token.  With return_stats, also {layer: {site:
+    fast share}} over the decode steps run (the prompt's prefill excluded),
+    which is what batch-1 decoding reads.
     """
-    if max_new_tokens < 1:
-      raise ValueError("max_new_tokens must be >= 1")
-    ids, counts = _generate(self.module, params, jnp.asarray(input_ids, jnp.int32), gate,
-                            int(max_new_tokens))
+    if int(max_new_tokens) < 1:
+      raise GSIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    ids = jnp.asarray(input_ids, jnp.int32)
+    eos = jnp.asarray(self.eos_ids if stop_at_eos else (), jnp.int32)
+    new, steps, counts = _generate(self.module, params, ids, gate, int(max_new_tokens), eos)
+    out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
-      return ids
-    return ids, jax.tree.map(lambda c: float(c[0] / max(float(c[1]), 1.0)), counts,
+      return out
+    return out, jax.tree.map(lambda c: float(c[0] / max(float(c[1]), 1.0)), counts,
                              is_leaf=lambda x: isinstance(x, jax.Array))
 
   def encode(self, text: str) -> np.ndarray:
     if self.tokenizer is None:
-      raise ValueError(f"{self.source} has no tokenizer; pass token ids instead")
+      raise GSIError(f"{self.source} has no tokenizer; pass token ids instead")
     return np.asarray(self.tokenizer(text)["input_ids"], np.int32)
 
   def decode(self, ids) -> str:

@@ -1,0 +1,226 @@
+"""What every experiment, the demo and the benchmarks share: one frozen config, checked
+before any compute, the setup it describes, and a strict-JSON writer.
+
+No flags here: `gsi_jax.cli` builds an ExperimentConfig from absl flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import tempfile
+from typing import Any, Sequence
+
+from gsi_jax import text
+from gsi_jax.errors import GSIError
+from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
+from gsi_jax.gsi.calibration import METHODS
+from gsi_jax.gsi.checkpoint import check_writable
+from gsi_jax.loading import DEFAULT_MODEL, load_model
+from gsi_jax.loading.load import DTYPES
+from gsi_jax.models import params as P
+from gsi_jax.ops import IMPLS, MODES, check_threshold
+
+DEFAULT_PROMPTS = (
+    "The Python interpreter reads a program and",
+    "A list comprehension is",
+    "Exceptions are raised when",
+    "The capital of France is",
+)
+
+
+def check_output_path(path: str, flag: str = "--out") -> str:
+  """Fail now, not after the compute: `path` must be a writable file path.
+
+  Creates its folder, as the write would.
+  """
+  path = os.path.abspath(path)
+  if os.path.isdir(path):
+    raise GSIError(f"{flag}: {path} is a folder; give a file path such as {path}/out.json")
+  folder = os.path.dirname(path)
+  probe = folder
+  while not os.path.exists(probe):
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    raise GSIError(f"{flag}: {probe} is a file, so {path} cannot be created under it")
+  try:
+    os.makedirs(folder, exist_ok=True)
+  except OSError as e:
+    raise GSIError(f"{flag}: cannot create {folder} ({e.strerror})") from None
+  if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path)
+                                                  and not os.access(path, os.W_OK)):
+    raise GSIError(f"{flag}: {path} is not writable")
+  return path
+
+
+def strict_json(value):
+  """inf and nan are not JSON: write them as strings; tuples as lists."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)
+  if isinstance(value, dict):
+    return {str(k): strict_json(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict_json(v) for v in value]
+  return value
+
+
+def write_text_atomic(path: str, content: str) -> None:
+  """Write beside, then rename: an interrupted write never leaves a half file."""
+  folder = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(content)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
+def write_json(path: str, value) -> str:
+  """Strict JSON (no bare Infinity/NaN), written atomically."""
+  write_text_atomic(path, json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n")
+  logging.info("wrote %s", path)
+  return path
+
+
+def positive(name: str, value: int) -> int:
+  if value is None or int(value) < 1:
+    raise GSIError(f"{name} must be a positive whole number, got {value}")
+  return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Every knob of an experiment; checked on construction, before any compute."""
+  model: str = DEFAULT_MODEL
+  k: tuple[int, ...] = (128, 256, 384)
+  eps: tuple[float, ...] = (0.05, 0.1, 0.2)
+  mode: tuple[str, ...] = ("gated",)
+  impl: str = "xla"
+  dtype: str = "float32"
+  calib_text_file: str = text.PYDOC_CALIB
+  eval_text_file: str = text.PYDOC_EVAL
+  calib_tokens: int = 16384
+  eval_tokens: int = 8192
+  seq_len: int = 256
+  method: str = "eigh"
+  bases_dir: str = DEFAULT_BASES_DIR
+  prompts: tuple[str, ...] = DEFAULT_PROMPTS
+  prompts_file: str | None = None
+  max_new_tokens: int = 50
+  out: str = ""
+
+  def __post_init__(self):
+    if not self.k or any(int(k) < 1 for k in self.k):
+      raise GSIError(f"--k values must be positive whole numbers, got {list(self.k)}")
+    if not self.eps:
+      raise GSIError("--eps is empty")
+    for e in self.eps:
+      check_threshold("--eps values", e)
+    for m in self.mode:
+      if m not in MODES:
+        raise GSIError(f"--mode {m!r} is not one of {', '.join(MODES)}")
+    if self.impl not in IMPLS:
+      raise GSIError(f"--impl {self.impl!r} is not one of {', '.join(IMPLS)}")
+    if self.dtype not in DTYPES:
+      raise GSIError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+    if self.method not in METHODS:
+      raise GSIError(f"--method {self.method!r} is not one of {', '.join(METHODS)}")
+    if self.seq_len < 2:
+      raise GSIError(f"--seq_len must be >= 2, got {self.seq_len}")
+    for name in ("calib_tokens", "eval_tokens"):
+      value = getattr(self, name)
+      if value < self.seq_len:
+        raise GSIError(f"--{name} must be at least one window (--seq_len={self.seq_len}), "
+                       f"got {value}")
+    positive("--max_new_tokens", self.max_new_tokens)
+    text.check_source(self.calib_text_file, "--calib_text_file")
+    text.check_source(self.eval_text_file, "--eval_text_file")
+    if not self.prompts:
+      raise GSIError(f"--prompts_file {self.prompts_file} has no prompts (one per line)")
+    if self.bases_dir:
+      check_writable(self.bases_dir)
+    if self.out:
+      check_output_path(self.out)
+
+  @property
+  def k_max(self) -> int:
+    return max(self.k)
+
+  def flags(self) -> dict:
+    """Every setting, for the JSON's "config"."""
+    return dataclasses.asdict(self)
+
+
+def read_prompts(path: str | None) -> tuple[str, ...]:
+  """One prompt per non-empty line of `path`; the default prompts without one."""
+  if not path:
+    return DEFAULT_PROMPTS
+  return tuple(line.strip() for line in text.load_text(path, "--prompts_file").splitlines()
+               if line.strip())
+
+
+@dataclasses.dataclass
+class Setup:
+  config: ExperimentConfig
+  model: Any
+  calib: text.TokenWindows
+  held_out: text.TokenWindows | None
+  bases: Any = None
+
+  def describe(self, **extra) -> dict:
+    """The JSON's "config": every setting, the model and both texts."""
+    return {**self.config.flags(), "model_name": self.model.config.name,
+            "calibration": self.calib.describe(),
+            "evaluation": self.held_out.describe() if self.held_out is not None else None,
+            **extra}
+
+
+def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True) -> Setup:
+  """Load the model and text; check k against the model; calibrate (or restore) bases
+  up to max(k)."""
+  model = load_model(config.model, config.dtype)
+  widest = P.widest_site(model.params)
+  if config.k_max > widest:
+    raise GSIError(f"--k={config.k_max} exceeds the widest site of {model.config.name} "
+                   f"({widest})")
+  calib = text.windows(model, config.calib_text_file, config.seq_len, config.calib_tokens,
+                       "--calib_text_file")
+  held_out = (text.windows(model, config.eval_text_file, config.seq_len, config.eval_tokens,
+                           "--eval_text_file") if need_eval else None)
+  s = Setup(config, model, calib, held_out)
+  if bases:
+    s.bases = cached_bases(model, model.params, calib, config.k_max, config.method,
+                           config.bases_dir or None)
+  return s
+
+
+def markdown_table(records: list[dict], columns: Sequence[str]) -> str:
+  def cell(v):
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in records]
+  return "\n".join(lines)
+
+
+def write_records(out: str, config: dict, records: list[dict], columns: Sequence[str]) -> str:
+  """Print the Markdown table; write {"config", "records"} JSON and the table beside it."""
+  table = markdown_table(records, columns)
+  print(table)
+  write_json(out, {"config": config, "records": records})
+  write_text_atomic(os.path.splitext(out)[0] + ".md", table + "\n")
+  return out
+
+
+def save_figure(fig, json_out: str) -> str:
+  """The PNG beside the JSON."""
+  path = os.path.splitext(json_out)[0] + ".png"
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  logging.info("wrote %s", path)
+  return path

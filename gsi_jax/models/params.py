@@ -1,0 +1,118 @@
+"""The parameter layout: the one module that spells parameter keys.
+
+    embed/embedding, pos_embed/embedding, final_norm, lm_head/{kernel, bias},
+    layer_{i}/{attn_norm, mlp_norm}/norm/{scale, bias},
+    layer_{i}/{site}/kernel/{map}: W (d, O),  layer_{i}/{site}/bias/{map}: (O,).
+
+Sites: attn_in (q, k, v; GPT-J's fc_in too), attn_out (o), mlp_in (fc_in, or
+gate and up), mlp_out (fc_out or down).  GSI adds to a site (or to the LM head)
+  V: the basis V_k (d, k);  M/{map}: V_kᵀ W (k, O);
+and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
+ranks);  a peer adds  threshold (magnitude sparsity).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+KERNEL, BIAS = "kernel", "bias"
+V, M = "V", "M"
+SKETCH, SKETCH_M, LADDER = "sketch", "sketch_M", "ladder"
+THRESHOLD = "threshold"
+GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER)
+REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, THRESHOLD)  # not split along outputs
+LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
+HEAD_MAP = "logits"  # the LM head's one map, under M/
+SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"
+_LAYER = "layer_"
+
+
+def layer_name(i: int) -> str:
+  return f"{_LAYER}{i}"
+
+
+def layer_index(name: str) -> int:
+  return int(name[len(_LAYER):])
+
+
+def is_layer(name: str) -> bool:
+  return name.startswith(_LAYER) and name[len(_LAYER):].isdigit()
+
+
+def layers(tree) -> list[str]:
+  """The layer keys of a tree, in depth order."""
+  return sorted((name for name in tree if is_layer(name)), key=layer_index)
+
+
+def site_kernels(params) -> dict[str, dict[str, dict[str, Any]]]:
+  """{layer: {site: {map: W_DO}}} for every linear-map site, in depth order."""
+  out = {}
+  for layer in layers(params):
+    for site, node in params[layer].items():
+      if isinstance(node, dict) and isinstance(node.get(KERNEL), dict):
+        out.setdefault(layer, {})[site] = node[KERNEL]
+  return out
+
+
+def site_widths(params) -> dict[str, dict[str, int]]:
+  """{layer: {site: d}}: the width of each site's input."""
+  return {layer: {site: next(iter(kernels.values())).shape[0]
+                  for site, kernels in sites.items()}
+          for layer, sites in site_kernels(params).items()}
+
+
+def site_outputs(params) -> dict[str, dict[str, int]]:
+  """{layer: {site: ΣO}}: the outputs of all of a site's maps."""
+  return {layer: {site: sum(W.shape[1] for W in kernels.values())
+                  for site, kernels in sites.items()}
+          for layer, sites in site_kernels(params).items()}
+
+
+def widest_site(params) -> int:
+  return max(d for sites in site_widths(params).values() for d in sites.values())
+
+
+def site_shapes(params) -> list[tuple[str, str, int, int]]:
+  """(layer, site, d, ΣO) for every site."""
+  outs = site_outputs(params)
+  return [(layer, site, d, outs[layer][site])
+          for layer, sites in site_widths(params).items() for site, d in sites.items()]
+
+
+def head(params) -> dict:
+  """The LM head's own parameters ({} for a tied head without GSI)."""
+  return params.get(LM_HEAD, {})
+
+
+def head_kernel(params):
+  """W_DV of the LM head: its own kernel, or the transposed embedding table if tied."""
+  own = head(params)
+  return own[KERNEL] if KERNEL in own else params[EMBED][EMBEDDING].T
+
+
+def has_gsi(node) -> bool:
+  return V in node
+
+
+def with_site(params, layer: str, site: str, extra: dict):
+  """A new tree whose site holds `extra` beside what it had (others shared)."""
+  return {**params, layer: {**params[layer], site: {**params[layer][site], **extra}}}
+
+
+def dense_params(params):
+  """The dense tree back: every GSI key dropped, the LM head's included."""
+  out = dict(params)
+  for layer, sites in site_kernels(params).items():
+    out[layer] = {**out[layer], **{site: {k: v for k, v in out[layer][site].items()
+                                          if k not in GSI_KEYS} for site in sites}}
+  own = {k: v for k, v in out.pop(LM_HEAD, {}).items() if k not in GSI_KEYS}
+  if own:  # a tied head has no parameters of its own
+    out[LM_HEAD] = own
+  return out
+
+
+def unwrap_sown(tree, name: str = "x"):
+  """A sown collection with each {name: (value,)} replaced by value."""
+  if name in tree:
+    return tree[name][0]
+  return {key: unwrap_sown(v, name) for key, v in tree.items()}

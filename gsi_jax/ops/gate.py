@@ -1,0 +1,109 @@
+"""The gate: which tokens take GSI's fast path, and how a site computes.
+
+For x with calibrated orthonormal V_k and g = V_kᵀ x, the residual r = x − V_k g
+has ‖r‖² = ‖x‖² − ‖g‖², so V_k is read once per token.  A token is fast when
+ρ = ‖r‖ / ‖x‖ < ε, written without a division: ε = 0 never fires, ε = ∞ always.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from gsi_jax.errors import GSIError
+
+MODES = ("gated", "static", "dense")
+IMPLS = ("xla", "pallas", "auto")
+
+
+@flax.struct.dataclass
+class Gate:
+  """How every GSI site (and a GSI LM head) computes its outputs.
+
+  eps and head_eps are traced, so sweeping them does not recompile; the rest
+  is static.  head_eps gates a GSI LM head (None: eps).
+  mode: "gated" (the paper), "static" (always M g: the negative control) or
+  "dense" (ignore the bases).
+  impl: "xla" (a masked select; with batch1_switch a lax.switch that runs only
+  the branch the gate picks) or "pallas" (the kernel reads M's or W's tiles
+  only as the gate requires; Triton on GPU, interpret mode elsewhere).
+  batch1_switch: on "xla", branch on the call's gate pattern (all fast, mixed,
+  all slow), which skips W's bytes when every token is fast: at batch-1
+  decoding, one token per call, that is every fast step.
+  """
+  eps: jax.Array
+  head_eps: jax.Array | None = None
+  mode: str = flax.struct.field(pytree_node=False, default="gated")
+  impl: str = flax.struct.field(pytree_node=False, default="xla")
+  batch1_switch: bool = flax.struct.field(pytree_node=False, default=False)
+
+
+def check_threshold(name: str, value) -> float:
+  """A gate threshold: a number >= 0, inf allowed."""
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise GSIError(f"{name} must be a number >= 0 (inf allowed), got {value!r}") from None
+  if math.isnan(value) or value < 0:
+    raise GSIError(f"{name} must be a number >= 0 (inf allowed), got {value}")
+  return value
+
+
+def resolve_impl(impl: str) -> str:
+  """"auto" is pallas on a GPU, xla elsewhere."""
+  if impl not in IMPLS:
+    raise GSIError(f"gate impl {impl!r} is not one of {IMPLS}")
+  if impl == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+  return impl
+
+
+def make_gate(eps: float, mode: str = "gated", *, impl: str = "xla", batch1_switch: bool = False,
+              head_eps: float | None = None) -> Gate:
+  if mode not in MODES:
+    raise GSIError(f"gate mode {mode!r} is not one of {MODES}")
+  head = None if head_eps is None else jnp.float32(check_threshold("head_eps", head_eps))
+  return Gate(eps=jnp.float32(check_threshold("eps", eps)), head_eps=head, mode=mode,
+              impl=resolve_impl(impl), batch1_switch=bool(batch1_switch))
+
+
+def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(‖x‖², ‖r‖²) per token in float32, from x and g = V_kᵀ x."""
+  xx = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
+  gg = jnp.sum(jnp.square(g_BTK.astype(jnp.float32)), -1)
+  return xx, xx - gg
+
+
+def gate_mask(x_BTD: jax.Array, g_BTK: jax.Array, eps) -> jax.Array:
+  """ρ < ε per token, as ‖r‖² < ε² ‖x‖² (and never at ε = 0)."""
+  xx, rr = residual_energy(x_BTD, g_BTK)
+  return (rr < jnp.square(eps) * xx) & (eps > 0)
+
+
+def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps) -> jax.Array:
+  """Output-aware gate (beyond the paper): ‖W r‖ < ε ‖W x‖, read through a sketch.
+
+  C = W Ω and D = V_kᵀ C for a random Ω with s orthonormal columns, so
+  x C − g D = r W Ω and x C = x W Ω: s columns stand in for all of W's outputs.
+  """
+  xc = (x_BTD @ C_DS).astype(jnp.float32)
+  e = xc - (g_BTK @ D_KS).astype(jnp.float32)
+  return (jnp.sum(e * e, -1) < jnp.square(eps) * jnp.sum(xc * xc, -1)) & (eps > 0)
+
+
+def ladder_ranks(x_BTD, g_BTK, rungs_R, eps) -> tuple[jax.Array, jax.Array]:
+  """Rank ladder (beyond the paper): per token, the smallest rung k_j with ‖r_j‖ < ε ‖x‖.
+
+  Bases are nested (V_{k_j} is V's first k_j columns), so every rung's
+  ‖r_j‖² = ‖x‖² − ‖g[:k_j]‖² comes from one cumulative sum.  Returns the fast
+  mask and the rank used; a slow token's rank is the top rung.
+  """
+  xx = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)[..., None]
+  gg_BTR = jnp.cumsum(jnp.square(g_BTK.astype(jnp.float32)), -1)[..., rungs_R - 1]
+  pass_BTR = (xx - gg_BTR < jnp.square(eps) * xx) & (eps > 0)
+  fast_BT = jnp.any(pass_BTR, -1)
+  rank_BT = jnp.where(fast_BT, rungs_R[jnp.argmax(pass_BTR, -1)], rungs_R[-1])
+  return fast_BT, rank_BT

@@ -1,0 +1,95 @@
+"""The one gated-linear operation: every GSI site and a GSI LM head call `gated_linear`.
+
+A site is the set of maps that read one input (q, k and v read the same normed
+hidden state), so g = x V_k and the gate are computed once per site:
+
+    g = x V_k,   fast = ρ < ε,   y_i = g M_i on fast tokens, x W_i on slow ones,
+
+with kernels stored (d, O) as x @ W, so M_i = V_kᵀ W_i (the transpose of the
+paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
+  "xla": a masked select (both branches computed), or with gate.batch1_switch
+         a three-way lax.switch on the call's gate pattern, which at one token
+         per call reads V_k and M, or V_k and W;
+  "pallas": `gsi_jax.ops.kernel.gated_matmul`, which reads M's or W's tiles
+         only for the tokens that need them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from gsi_jax.errors import GSIError
+from gsi_jax.ops import kernel
+from gsi_jax.ops.gate import Gate, gate_mask, ladder_ranks, output_gate_mask
+
+
+class GatedWeights(NamedTuple):
+  """One site's weights: per map W (d, O) and M (k, O), and the shared basis V (d, k).
+
+  W_transposed: W is stored (O, d) (a tied LM head reads the embedding table).
+  sketch (C_DS, D_KS): the output-aware gate; rungs (R,) int: the rank ladder.
+  """
+  W: Sequence[jax.Array]
+  V: jax.Array
+  M: Sequence[jax.Array]
+  sketch: tuple[jax.Array, jax.Array] | None = None
+  rungs: jax.Array | None = None
+  W_transposed: bool = False
+
+
+def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> jax.Array:
+  """x W for W stored (d, O), or x Wᵀ for W stored (O, d)."""
+  return x_BTD @ (W.T if W_transposed else W)
+
+
+def _pallas(x_BTD, g_BTK, fast_BT, weights: GatedWeights):
+  lead = x_BTD.shape[:-1]
+  x_TD, g_TK = x_BTD.reshape(-1, x_BTD.shape[-1]), g_BTK.reshape(-1, g_BTK.shape[-1])
+  interpret = jax.default_backend() != "gpu"
+  return [kernel.gated_matmul(x_TD, g_TK, fast_BT.reshape(-1), M, W,
+                              w_transposed=weights.W_transposed,
+                              interpret=interpret).reshape(*lead, -1)
+          for W, M in zip(weights.W, weights.M)]
+
+
+def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: Gate):
+  """Outputs per map (in weights.W's order), the fast mask (B, T) and the rank each
+  token used (B, T): k, or the ladder rung it stopped at."""
+  g_BTK = x_BTD @ weights.V
+  k = weights.V.shape[1]
+  rank_BT = jnp.full(x_BTD.shape[:-1], k, jnp.int32)
+  if gate.mode == "static":
+    fast_BT = jnp.ones(x_BTD.shape[:-1], bool)
+  elif weights.rungs is not None:
+    fast_BT, rank_BT = ladder_ranks(x_BTD, g_BTK, weights.rungs, eps)
+    column_BTK = lax.broadcasted_iota(jnp.int32, g_BTK.shape, g_BTK.ndim - 1)
+    g_BTK = jnp.where(column_BTK < rank_BT[..., None], g_BTK, 0)
+  elif weights.sketch is not None:
+    fast_BT = output_gate_mask(x_BTD, g_BTK, *weights.sketch, eps)
+  else:
+    fast_BT = gate_mask(x_BTD, g_BTK, eps)
+
+  if gate.impl == "pallas":
+    if weights.rungs is not None or weights.sketch is not None:
+      raise GSIError("the rank ladder and the output-aware gate run on impl='xla' only")
+    return _pallas(x_BTD, g_BTK, fast_BT, weights), fast_BT, rank_BT
+
+  def fast():
+    return [g_BTK @ M for M in weights.M]
+
+  def slow():
+    return [dense_matmul(x_BTD, W, weights.W_transposed) for W in weights.W]
+
+  def mixed():
+    return [jnp.where(fast_BT[..., None], f, s) for f, s in zip(fast(), slow())]
+
+  if gate.mode == "static":
+    return fast(), fast_BT, rank_BT
+  if not gate.batch1_switch:
+    return mixed(), fast_BT, rank_BT
+  branch = jnp.where(jnp.all(fast_BT), 0, jnp.where(jnp.any(fast_BT), 1, 2))
+  return lax.switch(branch, [fast, mixed, slow]), fast_BT, rank_BT
