@@ -24,8 +24,8 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model (about 1.5 hours on 2 cores:
-# the Pareto sweep alone about an hour).
+# Every table and figure of results/ for the default model (about 70 minutes on 2 cores,
+# the Pareto sweep about 40 of them).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
 	$(PY) -m gsi_jax.demo --out results/demo.json

@@ -32,8 +32,19 @@ def _parse(argv):
     fail(str(e))
 
 
+def _ignore_closed_event_loop(hook):
+  """Orbax's background thread can report "Event loop is closed" once a restore has
+  ended (seen after restoring damaged checkpoints): harmless, and not the user's error."""
+  def filtered(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and "Event loop is closed" in str(unraisable.exc_value)):
+      hook(unraisable)
+  return filtered
+
+
 def run(main: Callable) -> None:
   """app.run with project errors turned into `error: ...` and exit status 2; --help exits 0."""
+  sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n")
     for module in ("__main__", __name__):

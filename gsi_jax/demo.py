@@ -35,6 +35,8 @@ def timed_generate(model, params, ids, n, gate=None):
 def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
   if len(config.k) != 1 or len(config.eps) != 1:
     raise GSIError("the demo takes one --k and one --eps")
+  if not prompt.strip():
+    raise GSIError("--prompt is empty")
   k, eps = config.k[0], config.eps[0]
   t0 = time.perf_counter()
   s = experiment.prepare(config)

@@ -18,7 +18,7 @@ from gsi_jax import text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS
-from gsi_jax.gsi.checkpoint import check_writable
+from gsi_jax.gsi.checkpoint import can_create_in, check_writable
 from gsi_jax.loading import DEFAULT_MODEL, load_model
 from gsi_jax.loading.load import DTYPES
 from gsi_jax.models import params as P
@@ -50,8 +50,7 @@ def check_output_path(path: str, flag: str = "--out") -> str:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:
     raise GSIError(f"{flag}: cannot create {folder} ({e.strerror})") from None
-  if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path)
-                                                  and not os.access(path, os.W_OK)):
+  if not can_create_in(folder) or (os.path.exists(path) and not os.access(path, os.W_OK)):
     raise GSIError(f"{flag}: {path} is not writable")
   return path
 
@@ -189,6 +188,7 @@ def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True
   if config.k_max > widest:
     raise GSIError(f"--k={config.k_max} exceeds the widest site of {model.config.name} "
                    f"({widest})")
+  model.check_length(config.seq_len, "--seq_len")
   calib = text.windows(model, config.calib_text_file, config.seq_len, config.calib_tokens,
                        "--calib_text_file")
   held_out = (text.windows(model, config.eval_text_file, config.seq_len, config.eval_tokens,

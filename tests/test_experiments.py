@@ -162,6 +162,8 @@ def assert_one_error_line(proc, message):
     (["--out=/"], "--out: / is a folder"),
     (["--out=/etc/hostname/x.json"], "is a file, so"),
     (["--bases_dir=/etc/hostname/bases"], "cannot save bases under"),
+    (["--out=/proc/x.json"], "is not writable"),  # permissions say yes to root; a try says no
+    (["--bases_dir=/proc/bases"], "is not writable"),
     (["positional"], "unexpected arguments"),
 ])
 def test_bad_flags_exit_2_with_one_line(bad, message):

@@ -69,3 +69,14 @@ def test_greedy_stops_at_eos_like_hf(tiny_folder, name):
                         do_sample=False, eos_token_id=eos, pad_token_id=eos).numpy()
   np.testing.assert_array_equal(got, want)
   assert got.shape[1] <= free.shape[1]
+
+
+def test_generate_refuses_past_the_position_table(tiny_folder):
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])  # 64 learned positions
+  from gsi_jax import GSIError
+  with pytest.raises(GSIError, match="exceeds .* 64 positions"):
+    model.generate(model.params, IDS[:, :5], 60)
+  with pytest.raises(GSIError, match="at least one token"):
+    model.generate(model.params, IDS[:, :0], 5)
+  with pytest.raises(GSIError, match="max_new_tokens must be >= 1"):
+    model.generate(model.params, IDS[:, :5], 0)

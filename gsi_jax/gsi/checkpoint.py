@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 
 import jax
 import numpy as np
@@ -37,6 +38,15 @@ def checksums(arrays: dict) -> dict[str, str]:
       np.ascontiguousarray(leaf).tobytes()).hexdigest() for path, leaf in flat}
 
 
+def can_create_in(folder: str) -> bool:
+  """Whether a file can be created in `folder` (tried, since permissions lie to root)."""
+  try:
+    with tempfile.TemporaryFile(dir=folder):
+      return True
+  except OSError:
+    return False
+
+
 def check_writable(path: str) -> None:
   """Fail now, not after a calibration, if `path` cannot hold a checkpoint."""
   probe = os.path.abspath(path)
@@ -44,7 +54,7 @@ def check_writable(path: str) -> None:
     probe = os.path.dirname(probe)
   if not os.path.isdir(probe):
     raise GSIError(f"cannot save bases under {path}: {probe} is a file, not a folder")
-  if not os.access(probe, os.W_OK | os.X_OK):
+  if not can_create_in(probe):
     raise GSIError(f"cannot save bases under {path}: {probe} is not writable; "
                    "pass a writable --bases_dir (or '' to skip the cache)")
 

@@ -13,6 +13,7 @@ GGUF_MAGIC = b"GGUF"
 
 
 def open_gguf(path: str):
+  """A GGUFReader for `path`, after checking the magic and that no tensor runs past the end."""
   import gguf
   with open(path, "rb") as f:
     if f.read(4) != GGUF_MAGIC:
@@ -35,6 +36,7 @@ def _field(reader, key, default=None):
 
 
 def config_from_gguf(reader, path: str) -> ModelConfig:
+  """The ModelConfig of a Llama-architecture GGUF, from its metadata."""
   arch = _field(reader, "general.architecture")
   if arch != "llama":
     raise GSIError(f"{path}: GGUF architecture {arch!r} is not supported (llama only)")
@@ -62,6 +64,7 @@ def config_from_gguf(reader, path: str) -> ModelConfig:
 
 
 def tensor_getter(reader, path: str):
+  """Tensor name -> dequantised float32 numpy array."""
   import gguf
   tensors = {t.name: t for t in reader.tensors}
 

@@ -141,6 +141,7 @@ TRANSLATORS: dict[str, Callable[[_Reader], ModelConfig]] = {
 
 
 def config_from_hf(raw: dict[str, Any], name: str = "") -> ModelConfig:
+  """config.json (as a dict) -> ModelConfig; unknown attributes are refused."""
   model_type = raw.get("model_type")
   if model_type not in TRANSLATORS:
     raise GSIError(f"model_type {model_type!r} is not supported; supported: "

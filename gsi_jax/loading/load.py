@@ -48,6 +48,7 @@ def _package_file(spec: str) -> str:
 
 
 def param_shapes(config: ModelConfig, dtype):
+  """The parameter tree the decoder declares for `config`, as ShapeDtypeStructs."""
   module = Decoder(config, dtype)
   return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
 

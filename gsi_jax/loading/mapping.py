@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
+from gsi_jax.models import params as P
 from gsi_jax.models.config import ModelConfig
 
 
@@ -47,24 +48,25 @@ def gguf_unpermute(n_heads: int):
 
 
 def _site(layer, site, kind, name):
-  return (f"layer_{layer}", site, kind, name)
+  return (P.layer_name(layer), site, kind, name)
 
 
 def _norm(layer_or_none, name, bias=True):
-  prefix = () if layer_or_none is None else (f"layer_{layer_or_none}",)
+  prefix = () if layer_or_none is None else (P.layer_name(layer_or_none),)
   keys = ("scale", "bias") if bias else ("scale",)
   return [prefix + (name, "norm", k) for k in keys]
 
 
 def gpt2_table(c: ModelConfig) -> list[Entry]:
+  """GPT-2 state dict -> our tree (Conv1D kernels are already (in, out))."""
   d = c.d_model
-  t = [Entry(("embed", "embedding"), "wte.weight", same),
+  t = [Entry((P.EMBED, P.EMBEDDING), "wte.weight", same),
        Entry(("pos_embed", "embedding"), "wpe.weight", same),
        Entry(("final_norm", "norm", "scale"), "ln_f.weight", same),
        Entry(("final_norm", "norm", "bias"), "ln_f.bias", same)]
   for i in range(c.n_layers):
     h = f"h.{i}."
-    for kind, suffix in (("kernel", "weight"), ("bias", "bias")):
+    for kind, suffix in ((P.KERNEL, "weight"), (P.BIAS, "bias")):
       # GPT-2's Conv1D stores (in, out): no transpose, fused q|k|v columns.
       for j, name in enumerate("qkv"):
         t.append(Entry(_site(i, "attn_in", kind, name), h + "attn.c_attn." + suffix,
@@ -73,34 +75,36 @@ def gpt2_table(c: ModelConfig) -> list[Entry]:
             Entry(_site(i, "mlp_in", kind, "fc_in"), h + "mlp.c_fc." + suffix, same),
             Entry(_site(i, "mlp_out", kind, "fc_out"), h + "mlp.c_proj." + suffix, same)]
     for norm, hf in (("attn_norm", "ln_1"), ("mlp_norm", "ln_2")):
-      t += [Entry((f"layer_{i}", norm, "norm", "scale"), h + hf + ".weight", same),
-            Entry((f"layer_{i}", norm, "norm", "bias"), h + hf + ".bias", same)]
+      t += [Entry((P.layer_name(i), norm, "norm", "scale"), h + hf + ".weight", same),
+            Entry((P.layer_name(i), norm, "norm", "bias"), h + hf + ".bias", same)]
   return t
 
 
 def gptj_table(c: ModelConfig) -> list[Entry]:
-  t = [Entry(("embed", "embedding"), "wte.weight", same),
+  """GPT-J state dict -> our tree (fc_in joins q/k/v in the attn_in site)."""
+  t = [Entry((P.EMBED, P.EMBEDDING), "wte.weight", same),
        Entry(("final_norm", "norm", "scale"), "ln_f.weight", same),
        Entry(("final_norm", "norm", "bias"), "ln_f.bias", same),
-       Entry(("lm_head", "kernel"), "lm_head.weight", linear),
-       Entry(("lm_head", "bias"), "lm_head.bias", same)]
+       Entry((P.LM_HEAD, P.KERNEL), "lm_head.weight", linear),
+       Entry((P.LM_HEAD, P.BIAS), "lm_head.bias", same)]
   for i in range(c.n_layers):
     h = f"h.{i}."
-    t += [Entry(_site(i, "attn_in", "kernel", n), h + f"attn.{n}_proj.weight", linear)
+    t += [Entry(_site(i, "attn_in", P.KERNEL, n), h + f"attn.{n}_proj.weight", linear)
           for n in "qkv"]
-    t += [Entry(_site(i, "attn_out", "kernel", "o"), h + "attn.out_proj.weight", linear),
-          Entry(_site(i, "attn_in", "kernel", "fc_in"), h + "mlp.fc_in.weight", linear),
-          Entry(_site(i, "attn_in", "bias", "fc_in"), h + "mlp.fc_in.bias", same),
-          Entry(_site(i, "mlp_out", "kernel", "fc_out"), h + "mlp.fc_out.weight", linear),
-          Entry(_site(i, "mlp_out", "bias", "fc_out"), h + "mlp.fc_out.bias", same),
-          Entry((f"layer_{i}", "attn_norm", "norm", "scale"), h + "ln_1.weight", same),
-          Entry((f"layer_{i}", "attn_norm", "norm", "bias"), h + "ln_1.bias", same)]
+    t += [Entry(_site(i, "attn_out", P.KERNEL, "o"), h + "attn.out_proj.weight", linear),
+          Entry(_site(i, "attn_in", P.KERNEL, "fc_in"), h + "mlp.fc_in.weight", linear),
+          Entry(_site(i, "attn_in", P.BIAS, "fc_in"), h + "mlp.fc_in.bias", same),
+          Entry(_site(i, "mlp_out", P.KERNEL, "fc_out"), h + "mlp.fc_out.weight", linear),
+          Entry(_site(i, "mlp_out", P.BIAS, "fc_out"), h + "mlp.fc_out.bias", same),
+          Entry((P.layer_name(i), "attn_norm", "norm", "scale"), h + "ln_1.weight", same),
+          Entry((P.layer_name(i), "attn_norm", "norm", "bias"), h + "ln_1.bias", same)]
   return t
 
 
 def opt_table(c: ModelConfig) -> list[Entry]:
+  """OPT state dict -> our tree (projected embeddings when word_embed_proj_dim < d)."""
   p = "decoder."
-  t = [Entry(("embed", "embedding"), p + "embed_tokens.weight", same),
+  t = [Entry((P.EMBED, P.EMBEDDING), p + "embed_tokens.weight", same),
        Entry(("pos_embed", "embedding"), p + "embed_positions.weight", same)]
   if c.embed_proj_dim:
     t += [Entry(("project_in", "kernel"), p + "project_in.weight", linear),
@@ -114,52 +118,54 @@ def opt_table(c: ModelConfig) -> list[Entry]:
     maps += [("attn_out", "o", "self_attn.out_proj"), ("mlp_in", "fc_in", "fc1"),
              ("mlp_out", "fc_out", "fc2")]
     for site, name, hf in maps:
-      t.append(Entry(_site(i, site, "kernel", name), h + hf + ".weight", linear))
+      t.append(Entry(_site(i, site, P.KERNEL, name), h + hf + ".weight", linear))
       if c.attn_bias:
-        t.append(Entry(_site(i, site, "bias", name), h + hf + ".bias", same))
+        t.append(Entry(_site(i, site, P.BIAS, name), h + hf + ".bias", same))
     for norm, hf in (("attn_norm", "self_attn_layer_norm"), ("mlp_norm", "final_layer_norm")):
-      t += [Entry((f"layer_{i}", norm, "norm", "scale"), h + hf + ".weight", same),
-            Entry((f"layer_{i}", norm, "norm", "bias"), h + hf + ".bias", same)]
+      t += [Entry((P.layer_name(i), norm, "norm", "scale"), h + hf + ".weight", same),
+            Entry((P.layer_name(i), norm, "norm", "bias"), h + hf + ".bias", same)]
   return t
 
 
 def llama_table(c: ModelConfig) -> list[Entry]:
-  t = [Entry(("embed", "embedding"), "embed_tokens.weight", same),
+  """Llama state dict -> our tree."""
+  t = [Entry((P.EMBED, P.EMBEDDING), "embed_tokens.weight", same),
        Entry(("final_norm", "norm", "scale"), "norm.weight", same)]
   if not c.tied_embeddings:
-    t.append(Entry(("lm_head", "kernel"), "lm_head.weight", linear))
+    t.append(Entry((P.LM_HEAD, P.KERNEL), "lm_head.weight", linear))
   for i in range(c.n_layers):
     h = f"layers.{i}."
     maps = [("attn_in", n, f"self_attn.{n}_proj") for n in "qkv"]
     maps += [("attn_out", "o", "self_attn.o_proj"), ("mlp_in", "gate", "mlp.gate_proj"),
              ("mlp_in", "up", "mlp.up_proj"), ("mlp_out", "down", "mlp.down_proj")]
     for site, name, hf in maps:
-      t.append(Entry(_site(i, site, "kernel", name), h + hf + ".weight", linear))
+      t.append(Entry(_site(i, site, P.KERNEL, name), h + hf + ".weight", linear))
       if c.mlp_bias and site.startswith("mlp"):
-        t.append(Entry(_site(i, site, "bias", name), h + hf + ".bias", same))
-    t += [Entry((f"layer_{i}", "attn_norm", "norm", "scale"), h + "input_layernorm.weight", same),
-          Entry((f"layer_{i}", "mlp_norm", "norm", "scale"),
+        t.append(Entry(_site(i, site, P.BIAS, name), h + hf + ".bias", same))
+    t += [Entry((P.layer_name(i), "attn_norm", "norm", "scale"), h + "input_layernorm.weight", same),
+          Entry((P.layer_name(i), "mlp_norm", "norm", "scale"),
                 h + "post_attention_layernorm.weight", same)]
   return t
 
 
 def gguf_llama_table(c: ModelConfig) -> list[Entry]:
-  t = [Entry(("embed", "embedding"), "token_embd.weight", same),
+  """llama.cpp GGUF tensor names -> our tree (q/k rows un-permuted to the HF layout)."""
+  t = [Entry((P.EMBED, P.EMBEDDING), "token_embd.weight", same),
        Entry(("final_norm", "norm", "scale"), "output_norm.weight", same)]
   if not c.tied_embeddings:
-    t.append(Entry(("lm_head", "kernel"), "output.weight", linear))
+    t.append(Entry((P.LM_HEAD, P.KERNEL), "output.weight", linear))
   for i in range(c.n_layers):
     b = f"blk.{i}."
     q_perm, k_perm = gguf_unpermute(c.n_heads), gguf_unpermute(c.n_kv_heads)
-    t += [Entry(_site(i, "attn_in", "kernel", "q"), b + "attn_q.weight", lambda w, p=q_perm: p(w).T),
-          Entry(_site(i, "attn_in", "kernel", "k"), b + "attn_k.weight", lambda w, p=k_perm: p(w).T),
-          Entry(_site(i, "attn_in", "kernel", "v"), b + "attn_v.weight", linear),
-          Entry(_site(i, "attn_out", "kernel", "o"), b + "attn_output.weight", linear),
-          Entry(_site(i, "mlp_in", "kernel", "gate"), b + "ffn_gate.weight", linear),
-          Entry(_site(i, "mlp_in", "kernel", "up"), b + "ffn_up.weight", linear),
-          Entry(_site(i, "mlp_out", "kernel", "down"), b + "ffn_down.weight", linear),
-          Entry((f"layer_{i}", "attn_norm", "norm", "scale"), b + "attn_norm.weight", same),
-          Entry((f"layer_{i}", "mlp_norm", "norm", "scale"), b + "ffn_norm.weight", same)]
+    t += [Entry(_site(i, "attn_in", P.KERNEL, "q"), b + "attn_q.weight", lambda w, p=q_perm: p(w).T),
+          Entry(_site(i, "attn_in", P.KERNEL, "k"), b + "attn_k.weight", lambda w, p=k_perm: p(w).T),
+          Entry(_site(i, "attn_in", P.KERNEL, "v"), b + "attn_v.weight", linear),
+          Entry(_site(i, "attn_out", P.KERNEL, "o"), b + "attn_output.weight", linear),
+          Entry(_site(i, "mlp_in", P.KERNEL, "gate"), b + "ffn_gate.weight", linear),
+          Entry(_site(i, "mlp_in", P.KERNEL, "up"), b + "ffn_up.weight", linear),
+          Entry(_site(i, "mlp_out", P.KERNEL, "down"), b + "ffn_down.weight", linear),
+          Entry((P.layer_name(i), "attn_norm", "norm", "scale"), b + "attn_norm.weight", same),
+          Entry((P.layer_name(i), "mlp_norm", "norm", "scale"), b + "ffn_norm.weight", same)]
   return t
 
 

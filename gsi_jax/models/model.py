@@ -93,6 +93,13 @@ class Model:
   def module(self) -> Decoder:
     return Decoder(self.config, self.dtype)
 
+  def check_length(self, tokens: int, what: str = "sequence") -> None:
+    """A learned position table has a last row: refuse to read past it."""
+    c = self.config
+    if c.learned_positions and tokens + c.position_offset > c.learned_positions:
+      raise GSIError(f"{what} of {tokens} tokens exceeds {c.name or c.family}'s "
+                     f"{c.learned_positions - c.position_offset} positions")
+
   def logits(self, params, input_ids, gate: Gate | None = None) -> jax.Array:
     """(B, T) int ids -> (B, T, vocab) float32 logits."""
     return _forward(self.module, params, jnp.asarray(input_ids, jnp.int32), gate)[0]
@@ -116,6 +123,10 @@ class Model:
     if int(max_new_tokens) < 1:
       raise GSIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     ids = jnp.asarray(input_ids, jnp.int32)
+    if ids.ndim != 2 or ids.shape[1] == 0:
+      raise GSIError(f"generate takes a (batch, tokens) prompt of at least one token, "
+                     f"got shape {ids.shape}")
+    self.check_length(ids.shape[1] + int(max_new_tokens), "prompt plus new tokens")
     eos = jnp.asarray(self.eos_ids if stop_at_eos else (), jnp.int32)
     new, steps, counts = _generate(self.module, params, ids, gate, int(max_new_tokens), eos)
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
