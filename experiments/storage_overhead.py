@@ -3,9 +3,12 @@
   python experiments/storage_overhead.py --k 128,256,384
 """
 
+import jax
+
 import gsi_jax
 from gsi_jax import cli, experiment, metrics
 from gsi_jax.experiment import ExperimentConfig
+from gsi_jax.loading.load import param_shapes
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import ModelConfig
 from gsi_jax.models import params as P
@@ -17,19 +20,15 @@ COLUMNS = ["model", "k", "model_mb", "added_mb", "overhead", "M_over_W_by_site",
 
 
 def paper_shape_overhead(config: ModelConfig, k: int) -> dict:
-  """GSI's storage on a model known only by its shape (no weights): the same formula."""
-  c = config
-  d, qkv = c.d_model, c.q_dim + 2 * c.kv_dim
-  mlp_in = (2 if c.gated_mlp else 1) * c.d_ff
-  sites = ([(d, qkv + mlp_in), (c.q_dim, d), (c.d_ff, d)] if c.parallel_block
-           else [(d, qkv), (c.q_dim, d), (d, mlp_in), (c.d_ff, d)]) * c.n_layers
-  linear = sum(a * b for a, b in sites)
-  head = 0 if c.tied_embeddings else d * c.vocab_size
-  params = linear + c.vocab_size * c.embed_dim + head + c.learned_positions * d
-  added = sum(mbytes.storage_elements(a, b, k) for a, b in sites)
-  return {"model": c.name, "k": k, "model_params": float(params), "added_params": float(added),
-          "model_mb": params * 2 / 2**20, "added_mb": added * 2 / 2**20,
-          "overhead": added / params, "dtype": "bfloat16 (shape only)"}
+  """GSI's storage on a model known only by its config: the decoder's declared parameter
+  shapes (abstract, no weights), counted with the same formula."""
+  shapes = param_shapes(config, "bfloat16")
+  params = sum(leaf.size for leaf in jax.tree.leaves(shapes))
+  added = sum(mbytes.storage_elements(d, o, k) for _, _, d, o in P.site_shapes(shapes))
+  return {"model": config.name, "k": k, "model_params": float(params),
+          "added_params": float(added), "model_mb": params * 2 / 2**20,
+          "added_mb": added * 2 / 2**20, "overhead": added / params,
+          "dtype": "bfloat16 (shape only)"}
 
 
 def storage_overhead(config: ExperimentConfig) -> tuple[experiment.Setup, list[dict]]:

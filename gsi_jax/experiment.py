@@ -18,7 +18,7 @@ from gsi_jax import text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS
-from gsi_jax.gsi.checkpoint import can_create_in, check_writable
+from gsi_jax.gsi.checkpoint import can_create_in, check_writable, existing_ancestor
 from gsi_jax.loading import DEFAULT_MODEL, load_model
 from gsi_jax.loading.load import DTYPES
 from gsi_jax.models import params as P
@@ -41,9 +41,7 @@ def check_output_path(path: str, flag: str = "--out") -> str:
   if os.path.isdir(path):
     raise GSIError(f"{flag}: {path} is a folder; give a file path such as {path}/out.json")
   folder = os.path.dirname(path)
-  probe = folder
-  while not os.path.exists(probe):
-    probe = os.path.dirname(probe)
+  probe = existing_ancestor(folder)
   if not os.path.isdir(probe):
     raise GSIError(f"{flag}: {probe} is a file, so {path} cannot be created under it")
   try:

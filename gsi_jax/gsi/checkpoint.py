@@ -47,11 +47,17 @@ def can_create_in(folder: str) -> bool:
     return False
 
 
-def check_writable(path: str) -> None:
-  """Fail now, not after a calibration, if `path` cannot hold a checkpoint."""
+def existing_ancestor(path: str) -> str:
+  """`path` itself, or the nearest folder above it that exists (where a create would start)."""
   probe = os.path.abspath(path)
   while not os.path.exists(probe):
     probe = os.path.dirname(probe)
+  return probe
+
+
+def check_writable(path: str) -> None:
+  """Fail now, not after a calibration, if `path` cannot hold a checkpoint."""
+  probe = existing_ancestor(path)
   if not os.path.isdir(probe):
     raise GSIError(f"cannot save bases under {path}: {probe} is a file, not a folder")
   if not can_create_in(probe):

@@ -14,7 +14,6 @@ Every method's bytes (GSI, its peers, benchmarks, decode predictions) come from 
 from __future__ import annotations
 
 import jax
-import numpy as np
 
 from gsi_jax.models import params as P
 
@@ -146,8 +145,3 @@ def byte_accounting(params, fast_share_by_layer: dict | None = None,
 def storage_elements(d: int, out: int, k: int) -> int:
   """What GSI adds to one site: V_k (d × k) and M (k × ΣO)."""
   return min(k, d) * (d + out)
-
-
-def shape_storage_overhead(shapes: list[tuple[int, int]], model_params: float, k: int) -> float:
-  """Storage overhead of GSI for a model given only its site shapes [(d, ΣO)]."""
-  return float(np.sum([storage_elements(d, o, k) for d, o in shapes])) / model_params
