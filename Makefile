@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 
-.PHONY: demo test results benchmarks clean
+.PHONY: demo test results benchmarks scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,3 +46,11 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/linear.py
 	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
 	$(PY) benchmarks/calibration.py
+	$(PY) benchmarks/memory_plan.py
+
+# Paper scale (RESULTS.md section 12): random-weight checkpoints of the published shapes,
+# 12-13 GB each, written outside the repository; about 20 minutes per shape here.
+SCALE_DIR ?= /tmp/gsi_jax_scale
+scale: $(STAMP)
+	$(PY) benchmarks/scale.py --shape gptj-6b --checkpoint $(SCALE_DIR)/gptj-6b --out results/benchmarks/scale-gptj-6b.json
+	$(PY) benchmarks/scale.py --shape opt-6.7b --checkpoint $(SCALE_DIR)/opt-6.7b --decode_layers 0 --out results/benchmarks/scale-opt-6.7b.json

@@ -7,15 +7,16 @@ Same prompt and length for every contender, in one run.  JAX timings follow
 a compile-and-warm-up call, reported separately as compile_s.
 """
 
+import logging
 import os
-import resource
 import time
 
 import jax
-from absl import flags, logging
+from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, text
+from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mb
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 
@@ -29,28 +30,6 @@ _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
 _BASES_DIR = flags.DEFINE_string("bases_dir", DEFAULT_BASES_DIR, "Orbax bases cache.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/decode.json", "JSON output.")
-
-
-def peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def best_time(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
-
-
-def jax_decode(model, params, ids, n, repeats, gate=None):
-  """Tokens/s over exactly n new tokens (no stop at end-of-sequence), and compile time."""
-  run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
-  t0 = time.perf_counter()
-  run()
-  compile_s = time.perf_counter() - t0
-  return n / best_time(run, repeats), compile_s
 
 
 def torch_decode(source: str, ids, n, repeats):
@@ -101,7 +80,7 @@ def main(argv):
   load_s = time.perf_counter() - t0
   ids = model.encode(_PROMPT.value)[None]
   n = _NEW.value
-  tps, compile_s = jax_decode(model, model.params, ids, n, _REPEATS.value)
+  tps, compile_s = decode_tokens_per_s(model, model.params, ids, n, _REPEATS.value)
   result = {"model": model.config.name, "prompt_tokens": int(ids.shape[1]), "new_tokens": n,
             "load_s": load_s, "compile_s": compile_s, "jax_dense_tokens_per_s": tps,
             "peak_rss_mb": peak_rss_mb(), "devices": str(jax.devices()), "gsi": []}
@@ -113,7 +92,7 @@ def main(argv):
     for k, eps in points:
       params = gsi_jax.apply_gsi(model.params, bases, k)
       gate = gsi_jax.make_gate(eps, impl=_IMPL.value, batch1_switch=True)
-      g_tps, g_compile = jax_decode(model, params, ids, n, _REPEATS.value, gate)
+      g_tps, g_compile = decode_tokens_per_s(model, params, ids, n, _REPEATS.value, gate)
       _, share = model.generate(params, ids, n, gate, return_stats=True, stop_at_eos=False)
       b = metrics.byte_accounting(params, share)
       result["gsi"].append({

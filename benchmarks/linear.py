@@ -12,13 +12,14 @@ drawn so that a chosen share lies in span(V_k) (fast) and the rest does not.
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
+import logging
 import math
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import flags, logging
+from absl import flags
 
 from gsi_jax import cli, experiment
 from gsi_jax.errors import GSIError

@@ -102,7 +102,7 @@ def define_experiment_flags(**defaults) -> None:
   flags.DEFINE_integer("calib_tokens", d["calib_tokens"], "Calibration tokens.")
   flags.DEFINE_integer("eval_tokens", d["eval_tokens"], "Evaluation tokens.")
   flags.DEFINE_integer("seq_len", d["seq_len"], "Window length in tokens.")
-  flags.DEFINE_string("method", d["method"], "Calibration method: eigh or cascade.")
+  flags.DEFINE_string("method", d["method"], "Calibration method: eigh, krylov or cascade.")
   flags.DEFINE_string("bases_dir", d["bases_dir"], "Orbax bases cache ('' to disable).")
   flags.DEFINE_string("prompts_file", d["prompts_file"], "One prompt per line.")
   flags.DEFINE_integer("max_new_tokens", d["max_new_tokens"], "Tokens generated per prompt.")

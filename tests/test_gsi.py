@@ -10,7 +10,7 @@ import pytest
 
 import gsi_jax
 from gsi_jax import GSIError, make_gate, metrics
-from gsi_jax.gsi import calibration, cascade
+from gsi_jax.gsi import calibration, cascade, solvers
 from gsi_jax.metrics import principal_cosines
 from gsi_jax.models import params as P
 from gsi_jax.models.params import site_kernels
@@ -108,7 +108,7 @@ def test_calibration_recovers_known_subspace():
   U, _ = np.linalg.qr(rng.normal(size=(d, r)))
   X = rng.normal(size=(500, r)) * np.array([9, 7, 5, 3, 2]) @ U.T + 1e-3 * rng.normal(size=(500, d))
   G = X.T @ X
-  _, V = calibration.top_eigenpairs(G, r)
+  _, V = solvers.top_eigenpairs(G, r)
   assert principal_cosines(U, V).min() > 0.9999
   # The cascade, started from a perturbed neighbour subspace, finds it too.
   V0, _ = np.linalg.qr(U + 0.3 * rng.normal(size=(d, r)))
@@ -130,7 +130,8 @@ def test_cascade_matches_eigh_on_default_model():
   casc = gsi_jax.calibrate(small, small.params, ids, 64, method="cascade", progress=False)
   e1, e2 = eigh.captured_energy(64), casc.captured_energy(64)
   for layer, site in eigh.sites():
-    assert 0 <= e1[layer][site] - e2[layer][site] < 2e-3, (layer, site)  # eigh is optimal
+    # eigh is optimal; LOBPCG's float32 eigenvalues may round above it by ~1e-7
+    assert -1e-6 <= e1[layer][site] - e2[layer][site] < 2e-3, (layer, site)
     top = principal_cosines(eigh.vectors[layer][site][:, :16], casc.vectors[layer][site])
     assert top.min() > 0.99, (layer, site)
 

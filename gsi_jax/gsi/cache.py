@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import time
 
 from gsi_jax.errors import GSIError
@@ -39,9 +40,12 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
   t0 = time.time()
   logging.info("calibrating %s on %d tokens of %s (k_max=%d, %s)", model.config.name,
                windows.n_tokens, windows.source, k_max, method)
-  bases = calibrate(model, params, windows.ids, k_max, method=method, source=windows.source)
+  progress = path + "-layers" if path else None  # resumes an interrupted calibration
+  bases = calibrate(model, params, windows.ids, k_max, method=method, source=windows.source,
+                    resume_dir=progress)
   logging.info("calibration took %.1f s", time.time() - t0)
   if path:
     save_bases(path, bases)
+    shutil.rmtree(progress, ignore_errors=True)
     logging.info("bases saved to %s", path)
   return bases

@@ -1,36 +1,64 @@
-"""Calibration: accumulate each site's Gram matrix, then find its top subspace."""
+"""Calibration: each site's Gram matrix X^T X, then its top subspace.
+
+`calibrate` streams layer by layer, as GPTQ does: the calibration windows'
+hidden states are carried from one layer to the next, only one layer's Gram
+matrices are alive at a time, and with `resume_dir` each finished layer is
+saved so that an interrupted calibration resumes where it stopped.
+`gram_matrices` + `solve` is the all-at-once form (one forward of the whole
+model), kept for the LM head's input and as the streaming form's reference.
+"""
 
 from __future__ import annotations
 
 import functools
+import math
 import logging
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from gsi_jax import sharding
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi import cascade
+from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint
+from gsi_jax.gsi.checkpoint import LayerProgress
 from gsi_jax.models import params as P
+from gsi_jax.models.decoder import Block, Decoder
 
-METHODS = ("eigh", "cascade")
+METHODS = ("eigh", "cascade", "krylov")
+
+
+GRAM_BLOCK_ROWS = 2048
+
+
+def _add_gram(gram, x):
+  """gram + XᵀX, updated in place a block of rows at a time in a loop: `gram + X.T @ X`
+  (or a slice-by-slice .at[].add) makes XLA hold a second d × d matrix (1 GiB at d = 16384)."""
+  X = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  d = X.shape[1]
+  if d <= GRAM_BLOCK_ROWS:
+    return gram + X.T @ X
+  block = math.gcd(d, GRAM_BLOCK_ROWS)  # divides d, so every step is a full block
+
+  def add_rows(i, gram):
+    rows = jax.lax.dynamic_slice_in_dim(X, i * block, block, axis=1)
+    updated = jax.lax.dynamic_slice_in_dim(gram, i * block, block, axis=0) + rows.T @ X
+    return jax.lax.dynamic_update_slice_in_dim(gram, updated, i * block, axis=0)
+  return jax.lax.fori_loop(0, d // block, add_rows, gram)
 
 
 @functools.partial(jax.jit, static_argnames=("module", "collection"), donate_argnums=(1,))
 def _accumulate(module, grams, params, ids_BT, collection):
   _, state = module.apply({"params": params}, ids_BT, mutable=[collection])
-
-  def add(gram, x):
-    X = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-    return gram + X.T @ X
-  return jax.tree.map(add, grams, P.unwrap_sown(state[collection]))
+  return jax.tree.map(_add_gram, grams, P.unwrap_sown(state[collection]))
 
 
 def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
                   progress: bool = True, collection: str = P.SITE_INPUTS) -> dict:
-  """X^T X of every sown input over all windows (float32 numpy); memory bounded by one batch.
+  """X^T X of every sown input over all windows at once (float32 numpy).
 
   collection "site_inputs": {layer: {site: G}}; "head_inputs": {"lm_head": G}.
   """
@@ -51,25 +79,93 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
   return jax.device_get(grams)
 
 
-def top_eigenpairs(G: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-  """Top-k eigenvalues (descending) and eigenvectors of a symmetric PSD matrix."""
-  w, V = np.linalg.eigh(G)
-  order = np.argsort(w)[::-1][:k]
-  return w[order], V[:, order]
+def solve_site(G, k_max: int, method: str, previous: np.ndarray | None):
+  """(w, V, cost) for one Gram matrix; cost = {seconds, flops, solver, iterations}.
 
-
-def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_len: int = 256,
-              batch_size: int = 4, source: str = "", progress: bool = True) -> Bases:
-  """Bases for every site from one forward pass per window of `token_ids`.
-
-  token_ids: a 1-D array of ids (cut into windows of seq_len) or (N, seq_len).
-  method "eigh" eigendecomposes every Gram matrix; "cascade" starts each
-  layer from the previous layer's basis and refines it (see cascade.py).
+  eigh: exact, float64 on the host.  krylov: LOBPCG from a random block.
+  cascade: LOBPCG (or, where 5k >= d, block Davidson) from the previous
+  layer's basis `previous`; a first layer has none and starts as krylov does.
   """
+  d = G.shape[0]
+  k = min(k_max, d)  # a site narrower than k_max keeps its full basis
+  t0 = time.perf_counter()
+  iterations = 0
+  warm = method == "cascade" and previous is not None
+  if method != "eigh" and solvers.lobpcg_fits(d, k):
+    # LOBPCG only multiplies by G: no symmetrised copy (a whole extra Gram at d = 16384).
+    G32 = jnp.asarray(G, jnp.float32)
+    start = jnp.asarray(previous, jnp.float32) if warm else solvers.random_start(d, k)
+    w, V, iterations = solvers.lobpcg_top(G32, start)
+    solver, flops = "lobpcg", solvers.lobpcg_flops(d, k, iterations)
+  else:
+    G64 = np.asarray(jax.device_get(G), np.float64)
+    # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
+    G64 = (G64 + G64.T) / 2
+    if warm:
+      w, V, flops = cascade.refine(G64, previous)
+      solver = "block_davidson"
+    else:
+      w, V = solvers.top_eigenpairs(G64, k)
+      solver, flops = "eigh", cascade.eigh_flops(d)
+  cost = {"seconds": time.perf_counter() - t0, "flops": float(flops), "solver": solver,
+          "iterations": int(iterations)}
+  return w, V, cost
+
+
+@jax.jit
+def _trace(G_DD):
+  # Eager jnp.trace materialises a d × d temporary (1 GiB at d = 16384); this reads the diagonal.
+  return jnp.sum(jnp.diagonal(G_DD).astype(jnp.float32))
+
+
+def solve_layer(grams_layer: dict, k_max: int, method: str, previous: dict):
+  """Solve every site of one layer; updates `previous` (site -> basis) for the cascade."""
+  vectors, eigenvalues, trace, costs = {}, {}, {}, {}
+  for site, G in grams_layer.items():
+    w, V, costs[site] = solve_site(G, k_max, method, previous.get(site))
+    vectors[site] = np.asarray(V, np.float32)
+    previous[site] = vectors[site]  # as saved, so a resumed cascade starts from the same basis
+    eigenvalues[site] = np.asarray(w, np.float32)
+    trace[site] = np.float32(_trace(G))
+  return vectors, eigenvalues, trace, costs
+
+
+def _check_method(method: str, k_max: int) -> None:
   if method not in METHODS:
     raise GSIError(f"calibration method {method!r} is not one of {METHODS}")
   if k_max <= 0:
     raise GSIError(f"k_max must be positive, got {k_max}")
+
+
+def _bases(vectors, eigenvalues, trace, costs, method, k_max) -> Bases:
+  per_site = {f"{layer}/{site}": [c["seconds"], c["flops"]]
+              for layer, sites in costs.items() for site, c in sites.items()}
+  meta = {
+      "format_version": FORMAT_VERSION, "method": method, "k_max": int(k_max),
+      "solve_seconds": sum(c[0] for c in per_site.values()),
+      "solve_flops": sum(c[1] for c in per_site.values()),
+      "solve_cost_by_site": per_site,  # "layer/site": [seconds, flops]
+      "solver_by_site": {f"{layer}/{site}": [c["solver"], c["iterations"]]
+                         for layer, sites in costs.items() for site, c in sites.items()},
+  }
+  return Bases(vectors, eigenvalues, trace, meta)
+
+
+def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False) -> Bases:
+  """Bases from all layers' Gram matrices at once; meta records each site's solve."""
+  _check_method(method, k_max)
+  vectors, eigenvalues, trace, costs = {}, {}, {}, {}
+  previous: dict[str, np.ndarray] = {}
+  for layer in P.layers(grams):
+    (vectors[layer], eigenvalues[layer], trace[layer],
+     costs[layer]) = solve_layer(grams[layer], k_max, method, previous)
+    if progress:
+      logging.info("calibration %s: %s done", method, layer)
+  return _bases(vectors, eigenvalues, trace, costs, method, k_max)
+
+
+def windows(token_ids, seq_len: int) -> np.ndarray:
+  """(N, seq_len) int32 windows from a 1-D id array (or windows as given)."""
   ids = np.asarray(token_ids, np.int32)
   if ids.size == 0:
     raise GSIError("calibration text is empty")
@@ -79,47 +175,120 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
                      f"{seq_len}; give more text or a smaller seq_len")
     n = len(ids) // seq_len
     ids = ids[:n * seq_len].reshape(n, seq_len)
+  return ids
+
+
+@functools.partial(jax.jit, static_argnames=("module",))
+def _embed(module, params, ids_BT):
+  return module.apply({"params": params}, ids_BT, method=Decoder.embed_inputs)
+
+
+def _row_sharded(mesh: Mesh | None, d: int):
+  """Gram matrices split by rows over the mesh (whole where the mesh does not divide d)."""
+  if mesh is None:
+    return None
+  spec = PartitionSpec(sharding.AXIS, None) if d % mesh.devices.size == 0 else PartitionSpec()
+  return NamedSharding(mesh, spec)
+
+
+@functools.partial(jax.jit, static_argnames=("block",))
+def _layer_forward(layer_params, x_BTD, block):
+  """One layer on one batch of windows: its output and its sites' inputs."""
+  positions_T = jnp.arange(x_BTD.shape[1])
+  (y_BTD, _), state = block.apply({"params": layer_params}, x_BTD, positions_T, 0, None, None,
+                                  mutable=[P.SITE_INPUTS])
+  return y_BTD, P.unwrap_sown(state[P.SITE_INPUTS])
+
+
+@functools.partial(jax.jit, static_argnames=("mesh",), donate_argnums=(0,))
+def _add_grams(grams, inputs, mesh):
+  grams = jax.tree.map(_add_gram, grams, inputs)
+  if mesh is not None:
+    grams = jax.tree.map(
+        lambda g: jax.lax.with_sharding_constraint(g, _row_sharded(mesh, g.shape[0])), grams)
+  return grams
+
+
+def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_len: int = 256,
+              batch_size: int = 4, source: str = "", progress: bool = True,
+              resume_dir: str | None = None, mesh: Mesh | None = None) -> Bases:
+  """Bases for every site, streamed layer by layer over the windows of `token_ids`.
+
+  token_ids: a 1-D array of ids (cut into windows of seq_len) or (N, seq_len).
+  method: "eigh" (exact), "krylov" (LOBPCG per layer) or "cascade" (each layer
+  started from the previous layer's basis); see solve_site.
+  resume_dir: an Orbax folder that receives each finished layer; a run with the
+  same model, text and settings resumes after the last layer found there.
+  mesh: shard the weights by columns (as sharding.shard_params) and the Gram
+  matrices by rows across its devices.
+  """
+  _check_method(method, k_max)
+  ids = windows(token_ids, seq_len)
   if k_max > P.widest_site(params):
     raise GSIError(f"k_max={k_max} exceeds the widest site ({P.widest_site(params)})")
-  grams = gram_matrices(model, params, ids, batch_size, progress)
-  bases = solve(grams, k_max, method, progress)
-  bases.meta.update({
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh)
+  meta = {
       "model": model.config.name, "source_model": model.source,
       "fingerprint": fingerprint(params), "text_source": source, "tokens": int(ids.size),
       "seq_len": int(ids.shape[1]), "dtype": str(jnp.dtype(model.dtype)),
-  })
-  return bases
-
-
-def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False) -> Bases:
-  """Bases from Gram matrices; meta records the solve's time and modelled flops per site."""
-  if method not in METHODS:
-    raise GSIError(f"calibration method {method!r} is not one of {METHODS}")
-  vectors, eigenvalues, trace, per_site = {}, {}, {}, {}
-  previous: dict[str, np.ndarray] = {}
-  for layer in P.layers(grams):
-    for site, G32 in grams[layer].items():
-      # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
-      G = (np.asarray(G32, np.float64) + np.asarray(G32, np.float64).T) / 2
-      d = G.shape[0]
-      k = min(k_max, d)  # a site narrower than k_max keeps its full basis
-      t0 = time.perf_counter()
-      if method == "cascade" and site in previous:
-        w, V, flops = cascade.refine(G, previous[site])
-      else:
-        w, V = top_eigenpairs(G, k)
-        flops = cascade.eigh_flops(d)
-      per_site[f"{layer}/{site}"] = [time.perf_counter() - t0, float(flops)]
-      previous[site] = V
-      vectors.setdefault(layer, {})[site] = V.astype(np.float32)
-      eigenvalues.setdefault(layer, {})[site] = w.astype(np.float32)
-      trace.setdefault(layer, {})[site] = np.float32(np.trace(G))
-    if progress:
-      logging.info("calibration %s: %s done", method, layer)
-  meta = {
-      "format_version": FORMAT_VERSION, "method": method, "k_max": int(k_max),
-      "solve_seconds": sum(c[0] for c in per_site.values()),
-      "solve_flops": sum(c[1] for c in per_site.values()),
-      "solve_cost_by_site": per_site,  # "layer/site": [seconds, flops]
   }
-  return Bases(vectors, eigenvalues, trace, meta)
+  run = {**meta, "method": method, "k_max": int(k_max),
+         "text_sha256": LayerProgress.text_digest(ids)}
+  layer_names = P.layers(P.site_kernels(params))
+  store = LayerProgress(resume_dir, run) if resume_dir else None
+  vectors, eigenvalues, trace, costs = {}, {}, {}, {}
+  previous: dict[str, np.ndarray] = {}
+  done, x_NTD = store.restore(vectors, eigenvalues, trace, costs) if store else (0, None)
+  if done:
+    previous = {site: vectors[layer_names[done - 1]][site]
+                for site in vectors[layer_names[done - 1]]}
+    logging.info("calibration resumes after %d of %d layers from %s", done,
+                 len(layer_names), resume_dir)
+  else:
+    x_NTD = jnp.concatenate([_embed(model.module, params, jnp.asarray(ids[i:i + batch_size]))
+                             for i in range(0, len(ids), batch_size)])
+  block = Block(model.config, model.dtype)
+  start = time.time()
+  for index in range(done, len(layer_names)):
+    layer = layer_names[index]
+    t0 = time.time()
+    _, shapes = jax.eval_shape(lambda p, x: _layer_forward(p, x, block), params[layer],
+                               x_NTD[:1])
+    widths = {site: x.shape[-1] for site, x in shapes.items()}
+    zeros = lambda: {site: jax.device_put(jnp.zeros((d, d), jnp.float32), _row_sharded(mesh, d))
+                     for site, d in widths.items()}
+    # Keep the layer's site inputs when they are smaller than its Gram matrices, and add
+    # them up after the forward: the forward's temporaries (XLA's CPU dot converts each
+    # bf16 weight to float32) and the Gram matrices are then never alive together.
+    keep_inputs = ids.size * sum(widths.values()) < sum(d * d for d in widths.values())
+    grams, kept, outputs = (None if keep_inputs else zeros()), [], []
+    for i in range(0, len(ids), batch_size):
+      y, inputs = _layer_forward(params[layer], x_NTD[i:i + batch_size], block)
+      outputs.append(y)
+      if keep_inputs:
+        kept.append(inputs)
+      else:
+        grams = _add_grams(grams, inputs, mesh)
+    if keep_inputs:
+      grams = zeros()
+      for inputs in kept:
+        grams = _add_grams(grams, inputs, mesh)
+      del kept
+    x_NTD = jnp.concatenate(outputs)
+    jax.block_until_ready(grams)
+    forward_s = time.time() - t0
+    (vectors[layer], eigenvalues[layer], trace[layer],
+     costs[layer]) = solve_layer(grams, k_max, method, previous)
+    del grams  # one layer's Gram matrices alive at a time
+    if store:
+      store.save(index, vectors[layer], eigenvalues[layer], trace[layer], costs[layer], x_NTD)
+    if progress:
+      finished = index + 1 - done
+      eta = (time.time() - start) / finished * (len(layer_names) - index - 1)
+      logging.info("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f s); "
+                   "ETA %.0f s", method, layer, index + 1, len(layer_names), time.time() - t0,
+                   forward_s, time.time() - t0 - forward_s, eta)
+  bases = _bases(vectors, eigenvalues, trace, costs, method, k_max)
+  bases.meta.update(meta)
+  return bases

@@ -19,13 +19,14 @@ import numpy as np
 
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
+from gsi_jax.models import params as P
 
 ORTHONORMAL_TOL = 1e-3  # float32 vectors of width up to 16384
 
 
-def _manager(path: str, create: bool):
+def _manager(path: str, create: bool, max_to_keep: int | None = 2):
   import orbax.checkpoint as ocp
-  options = ocp.CheckpointManagerOptions(max_to_keep=2, create=create,
+  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
                                          enable_async_checkpointing=False)
   return ocp.CheckpointManager(os.path.abspath(path), options=options,
                                item_names=("arrays", "meta"))
@@ -67,29 +68,33 @@ def check_writable(path: str) -> None:
 
 def save_bases(path: str, bases: Bases) -> int:
   """Save as the next step under `path`; returns the step."""
-  import orbax.checkpoint as ocp
   check_writable(path)
   arrays = jax.tree.map(np.asarray, bases.arrays())
   meta = {**bases.meta, "format_version": FORMAT_VERSION, "checksums": checksums(arrays)}
   try:
     with _manager(path, create=True) as manager:
       step = (manager.latest_step() or 0) + 1
-      manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
-                                                 meta=ocp.args.JsonSave(meta)))
-      manager.wait_until_finished()
+      _save(manager, step, arrays, meta)
   except OSError as e:
     raise GSIError(f"cannot save bases to {path} ({e.strerror or e}); earlier steps there "
                    "are untouched") from None
   return step
 
 
-def _check_values(path: str, bases: Bases) -> None:
-  stored = bases.meta.get("checksums")
+def _check_sums(path: str, arrays: dict, stored) -> None:
   if stored is None:
     raise GSIError(f"{path}: bases carry no checksums (an older format); calibrate again")
-  if checksums(bases.arrays()) != stored:
+  if checksums(arrays) != stored:
     raise GSIError(f"{path}: bases fail their checksums; the checkpoint is damaged, "
                    "delete it and calibrate again")
+
+
+def _check_values(path: str, bases: Bases) -> None:
+  _check_sums(path, bases.arrays(), bases.meta.get("checksums"))
+  _check_orthonormal(path, bases)
+
+
+def _check_orthonormal(path: str, bases: Bases) -> None:
   for layer, site in bases.sites():
     V = bases.vectors[layer][site]
     w = bases.eigenvalues[layer][site]
@@ -102,9 +107,92 @@ def _check_values(path: str, bases: Bases) -> None:
       raise GSIError(f"{path}: the vectors of {layer}/{site} are not orthonormal; damaged")
 
 
+def _restore(manager, step: int, path: str):
+  import orbax.checkpoint as ocp
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+  except Exception as e:
+    raise GSIError(f"checkpoint {path} is damaged ({type(e).__name__}); "
+                   "delete it and calibrate again") from None
+  return jax.tree.map(np.asarray, restored["arrays"]), dict(restored["meta"] or {})
+
+
+def _save(manager, step: int, arrays: dict, meta: dict) -> None:
+  import orbax.checkpoint as ocp
+  manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
+                                             meta=ocp.args.JsonSave(meta)))
+  manager.wait_until_finished()
+
+
+class LayerProgress:
+  """The finished layers of one streaming calibration, as Orbax steps under `path`.
+
+  layers/ keeps one step per finished layer (its bases); carry/ keeps only the
+  newest hidden states of the calibration windows, the next layer's input.
+  Each step is written to a temporary folder and renamed when complete, so an
+  interruption loses at most the layer being solved.  `run` (model, text,
+  settings) must match for a resume; every array is checked against its SHA-256.
+  """
+
+  def __init__(self, path: str, run: dict):
+    check_writable(path)
+    self.path, self.run = path, run
+
+  @staticmethod
+  def text_digest(ids: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(ids).tobytes()).hexdigest()[:16]
+
+  def _layers(self, create: bool):
+    return _manager(os.path.join(self.path, "layers"), create, max_to_keep=None)
+
+  def _carry(self, create: bool):
+    return _manager(os.path.join(self.path, "carry"), create, max_to_keep=1)
+
+  def save(self, index: int, vectors, eigenvalues, trace, costs, x_NTD) -> None:
+    layer = {"vectors": vectors, "eigenvalues": eigenvalues, "trace": trace}
+    carry = {"hidden": np.asarray(jax.device_get(x_NTD))}
+    try:
+      with self._layers(create=True) as manager:
+        _save(manager, index + 1, layer, {"run": self.run, "index": index, "costs": costs,
+                                          "checksums": checksums(layer)})
+      with self._carry(create=True) as manager:
+        _save(manager, index + 1, carry, {"run": self.run, "checksums": checksums(carry)})
+    except OSError as e:
+      raise GSIError(f"cannot save calibration progress to {self.path} "
+                     f"({e.strerror or e}); earlier layers there are untouched") from None
+
+  def restore(self, vectors: dict, eigenvalues: dict, trace: dict, costs: dict):
+    """Fill the dicts with the finished layers; returns (layers done, their output or None)."""
+    if not os.path.isdir(os.path.join(self.path, "carry")):
+      return 0, None
+    with self._carry(create=False) as manager:
+      done = manager.latest_step()
+      if done is None:
+        return 0, None
+      carry, meta = _restore(manager, done, self.path)
+    if meta.get("run") != self.run:
+      raise GSIError(f"{self.path} holds a calibration with other settings "
+                     f"({meta.get('run')}); pass an empty folder to start afresh")
+    _check_sums(self.path, carry, meta.get("checksums"))
+    with self._layers(create=False) as manager:
+      for step in range(1, done + 1):
+        arrays, meta = _restore(manager, step, self.path)
+        if meta.get("run") != self.run or meta.get("index") != step - 1:
+          raise GSIError(f"{self.path}: layer step {step} belongs to another calibration; "
+                         "pass an empty folder to start afresh")
+        _check_sums(self.path, arrays, meta.get("checksums"))
+        layer = P.layer_name(step - 1)
+        _check_orthonormal(self.path, Bases({layer: arrays["vectors"]},
+                                            {layer: arrays["eigenvalues"]},
+                                            {layer: arrays["trace"]}, {}))
+        vectors[layer], eigenvalues[layer] = arrays["vectors"], arrays["eigenvalues"]
+        trace[layer], costs[layer] = arrays["trace"], meta["costs"]
+    return done, carry["hidden"]
+
+
 def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) -> Bases:
   """Restore the newest complete step; check integrity, model identity and k when given."""
-  import orbax.checkpoint as ocp
   if not os.path.isdir(path):
     raise GSIError(f"no bases checkpoint at {path}; calibrate first")
   try:
@@ -112,18 +200,15 @@ def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) 
       step = manager.latest_step()
       if step is None:
         raise GSIError(f"{path} holds no complete bases checkpoint; calibrate again")
-      restored = manager.restore(step, args=ocp.args.Composite(
-          arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+      arrays, meta = _restore(manager, step, path)
   except GSIError:
     raise
   except Exception as e:
     raise GSIError(f"bases checkpoint {path} is damaged ({type(e).__name__}); "
                    "delete it and calibrate again") from None
-  meta = dict(restored["meta"] or {})
   if meta.get("format_version") != FORMAT_VERSION:
     raise GSIError(f"{path}: bases format {meta.get('format_version')} is not "
                    f"{FORMAT_VERSION}; calibrate again")
-  arrays = jax.tree.map(np.asarray, restored["arrays"])
   try:
     bases = Bases(arrays["vectors"], arrays["eigenvalues"], arrays["trace"], meta)
   except (KeyError, TypeError):

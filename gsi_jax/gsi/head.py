@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi.calibration import gram_matrices, top_eigenpairs
+from gsi_jax.gsi.calibration import gram_matrices
+from gsi_jax.gsi.solvers import top_eigenpairs
 from gsi_jax.models import params as P
 
 

@@ -69,10 +69,19 @@ def _build(config, table, get, dtype, origin, tokenizer, source, eos_ids=()) -> 
                eos_ids=eos_ids)
 
 
-def load_gguf(path: str, dtype="float32") -> Model:
+def _first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
+  """The model cut to its first n_layers blocks (None: all), to profile a layer shape."""
+  if n_layers is None:
+    return config
+  if not 1 <= n_layers <= config.n_layers:
+    raise GSIError(f"n_layers must be in 1..{config.n_layers} for this model, got {n_layers}")
+  return dataclasses.replace(config, n_layers=n_layers)
+
+
+def load_gguf(path: str, dtype="float32", n_layers: int | None = None) -> Model:
   """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
-  config = gguf_file.config_from_gguf(reader, path)
+  config = _first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
   tokenizer = gguf_file.tokenizer_from_gguf(reader, path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
                 dtype, path, tokenizer, path, _eos_ids(tokenizer))
@@ -86,16 +95,20 @@ def _hf_tensor_getter(folder: str):
     from safetensors import safe_open
     for f in files:
       try:
-        h = safe_open(f, framework="flax")
+        with safe_open(f, framework="flax") as h:
+          keys = list(h.keys())
       except Exception as e:  # SafetensorError: header unreadable
         raise GSIError(f"{f} is not a readable safetensors file ({e}); the file is "
                        "truncated or damaged, download it again") from None
-      for key in h.keys():
-        index[key] = (h, key, f)
+      for key in keys:
+        index[key] = (key, f)
 
-    def read(h, key, f):
+    def read(key, f):
+      """One tensor in its stored dtype.  The file is mapped only while it is read, so
+      mapped pages do not add the checkpoint's size to the loader's resident memory."""
       try:
-        return np.asarray(h.get_tensor(key), np.float32)
+        with safe_open(f, framework="flax") as h:
+          return np.asarray(h.get_tensor(key))
       except Exception as e:  # data past the end of a truncated file
         raise GSIError(f"{f}: tensor {key} cannot be read ({e}); the file is truncated "
                        "or damaged, download it again") from None
@@ -134,7 +147,7 @@ def _hf_tensor_getter(folder: str):
   return get
 
 
-def load_hf_folder(folder: str, dtype="float32") -> Model:
+def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None) -> Model:
   """A local Hugging Face folder: config.json, safetensors or .bin, and a tokenizer if any."""
   config_path = os.path.join(folder, "config.json")
   if not os.path.isfile(config_path):
@@ -146,7 +159,8 @@ def load_hf_folder(folder: str, dtype="float32") -> Model:
     raise GSIError(f"{config_path} is not valid JSON ({e}); fix or replace it") from None
   if not isinstance(raw, dict):
     raise GSIError(f"{config_path} must hold a JSON object, got {type(raw).__name__}")
-  config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
+  config = _first_layers(config_from_hf(raw, name=os.path.basename(os.path.normpath(folder))),
+                         n_layers)
   tokenizer = None
   if any(os.path.exists(os.path.join(folder, n)) for n in
          ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
@@ -173,8 +187,13 @@ def _download(repo_id: str) -> str:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_model(source: str = DEFAULT_MODEL, dtype="float32") -> Model:
-  """A preset name, a .gguf path, a local Hugging Face folder, or a hub id."""
+def load_model(source: str = DEFAULT_MODEL, dtype="float32", n_layers: int | None = None) -> Model:
+  """A preset name, a .gguf path, a local Hugging Face folder, or a hub id.
+
+  Tensors are read and converted one at a time, so the host never holds a
+  second copy of the model.  n_layers keeps only the first blocks (their
+  weights alone are read): a model's layer shape at a depth that fits.
+  """
   try:
     supported = jnp.dtype(dtype).name in DTYPES
   except TypeError:
@@ -185,18 +204,18 @@ def load_model(source: str = DEFAULT_MODEL, dtype="float32") -> Model:
   if source in PRESETS:
     resolved = PRESETS[source]
     if resolved.startswith("package:"):
-      model = load_gguf(_package_file(resolved), dtype)
+      model = load_gguf(_package_file(resolved), dtype, n_layers)
       model.config = dataclasses.replace(model.config, name=source)
       return model
     source = resolved
   if os.path.isdir(source):
-    return load_hf_folder(source, dtype)
+    return load_hf_folder(source, dtype, n_layers)
   if os.path.isfile(source):
-    return load_gguf(source, dtype)
+    return load_gguf(source, dtype, n_layers)
   if source.endswith(".gguf") or os.sep in source and not _HUB_ID.match(source) \
       or source.startswith((".", "~", os.sep)):
     raise GSIError(f"no such file or folder: {source}")
   if _HUB_ID.match(source):
-    return load_hf_folder(_download(source), dtype)
+    return load_hf_folder(_download(source), dtype, n_layers)
   raise GSIError(f"unknown model {source!r}: use a preset ({', '.join(PRESETS)}), "
                  "a .gguf file, a Hugging Face folder or a hub id like owner/name")

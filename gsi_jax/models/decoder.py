@@ -17,6 +17,7 @@ from einops import rearrange
 
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.linear import LinearSite, LMHead
+from gsi_jax.models.params import layer_name
 from gsi_jax.ops import Gate
 
 
@@ -162,33 +163,49 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
+  """Submodules are declared in setup so that calibration can run the input
+  embedding on its own (`embed_inputs`) and then one `Block` at a time."""
   config: ModelConfig
   dtype: Any = jnp.float32
 
-  @nn.compact
+  def setup(self):
+    c, dt = self.config, self.dtype
+    self.embed = nn.Embed(c.vocab_size, c.embed_dim, dtype=dt, param_dtype=dt)
+    if c.embed_proj_dim:
+      self.project_in = nn.Dense(c.d_model, use_bias=False, dtype=dt, param_dtype=dt)
+      self.project_out = nn.Dense(c.embed_dim, use_bias=False, dtype=dt, param_dtype=dt)
+    if c.learned_positions:
+      self.pos_embed = nn.Embed(c.learned_positions, c.d_model, dtype=dt, param_dtype=dt)
+    for i in range(c.n_layers):
+      setattr(self, layer_name(i), Block(c, dt))
+    if c.final_norm:
+      self.final_norm = Norm(c, dt)
+    self.lm_head = LMHead(c.vocab_size, c.lm_head_bias, dt)
+
+  def embed_inputs(self, ids_BT, start=0):
+    """Layer 0's input: token (and learned position) embeddings."""
+    c = self.config
+    x = self.embed(ids_BT)
+    if c.embed_proj_dim:
+      x = self.project_in(x)
+    if c.learned_positions:
+      positions_T = start + jnp.arange(ids_BT.shape[1])
+      x = x + self.pos_embed(positions_T + c.position_offset)[None]
+    return x
+
   def __call__(self, ids_BT, start=0, cache=None, gate: Gate | None = None):
     """Logits (B, T, vocab) in float32 and the updated cache (None if none given)."""
     c = self.config
     positions_T = start + jnp.arange(ids_BT.shape[1])
-    embed = nn.Embed(c.vocab_size, c.embed_dim, dtype=self.dtype, param_dtype=self.dtype,
-                     name="embed")
-    x = embed(ids_BT)
-    if c.embed_proj_dim:
-      x = nn.Dense(c.d_model, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                   name="project_in")(x)
-    if c.learned_positions:
-      x = x + nn.Embed(c.learned_positions, c.d_model, dtype=self.dtype,
-                       param_dtype=self.dtype, name="pos_embed")(positions_T + c.position_offset)[None]
+    x = self.embed_inputs(ids_BT, start)
     new_cache = []
     for i in range(c.n_layers):
-      x, layer_cache = Block(c, self.dtype, name=f"layer_{i}")(
+      x, layer_cache = getattr(self, layer_name(i))(
           x, positions_T, start, None if cache is None else cache[i], gate)
       new_cache.append(layer_cache)
     if c.final_norm:
-      x = Norm(c, self.dtype, name="final_norm")(x)
+      x = self.final_norm(x)
     if c.embed_proj_dim:
-      x = nn.Dense(c.embed_dim, use_bias=False, dtype=self.dtype, param_dtype=self.dtype,
-                   name="project_out")(x)
-    logits = LMHead(c.vocab_size, c.lm_head_bias, self.dtype, name="lm_head")(
-        x, embed.embedding if c.tied_embeddings else None, gate)
+      x = self.project_out(x)
+    logits = self.lm_head(x, self.embed.embedding if c.tied_embeddings else None, gate)
     return logits.astype(jnp.float32), (None if cache is None else tuple(new_cache))

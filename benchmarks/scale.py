@@ -1,0 +1,301 @@
+"""Paper scale on one machine: load, calibrate and decode a 6B-shaped random checkpoint.
+
+  python benchmarks/scale.py --shape gptj-6b --checkpoint /data/gptj-6b-random \
+      --out results/benchmarks/scale-gptj-6b.json
+
+Weights are random (benchmarks/make_checkpoint.py writes them when --checkpoint
+is missing): memory, time and bytes are what this measures, never quality.
+Token ids are random too.  Phases, each in this one process:
+  load       bf16 weights through load_model, peak resident memory of the load;
+  calibrate  streaming calibration at full depth for each --method except eigh;
+  eigh       exact float32 eigh on the first --eigh_layers layers only (at
+             16384 wide it takes minutes per matrix here); its full-depth cost
+             is modelled as measured per layer x layers, and it is the reference
+             for every other method's captured-energy loss on those layers;
+  decode     float32 weights cut to --decode_layers blocks at the model's layer
+             shape: dense, GSI static (eps = inf) and gated GSI, cache-cold
+             by construction (gigabytes of weights per token), against the byte
+             ideal of the same parameters and measured fast shares.
+"""
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+import gsi_jax
+from gsi_jax import cli, experiment, metrics
+from gsi_jax.benchmarking import PeakMemory, decode_tokens_per_s
+from gsi_jax.errors import GSIError
+from gsi_jax.gsi import solvers
+from gsi_jax.gsi.calibration import METHODS, gram_matrices
+from gsi_jax.gsi.checkpoint import check_writable
+from gsi_jax.loading import synthetic
+from gsi_jax.loading.hf_config import config_from_hf
+from gsi_jax.metrics.analysis import residual_ratios
+from gsi_jax.models import params as P
+
+_SHAPE = flags.DEFINE_enum("shape", "gptj-6b", list(synthetic.SHAPES), "Published shape.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Random-weight checkpoint folder "
+                                  "(written there first when missing).")
+_LAYERS = flags.DEFINE_integer("layers", None, "Blocks to load and calibrate (default: all).")
+_CALIB_TOKENS = flags.DEFINE_integer("calib_tokens", 512, "Calibration tokens (random ids).")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Calibration window length.")
+_K = flags.DEFINE_integer("k", 64, "Basis size calibrated at full depth.")
+_METHODS = flags.DEFINE_list("method", list(METHODS), "Calibration methods to compare.")
+_EIGH_LAYERS = flags.DEFINE_integer("eigh_layers", 1, "Layers where eigh is measured (0: no "
+                                    "eigh reference, so no energy loss).")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Calibration weights.")
+_DECODE_LAYERS = flags.DEFINE_integer("decode_layers", 4, "Blocks of the decode model "
+                                      "(float32; 0 skips decode).")
+_DECODE_DTYPE = flags.DEFINE_enum("decode_dtype", "float32", ["float32", "bfloat16"],
+                                  "Decode weights (XLA's CPU bf16 matvec is slow: float32).")
+_PEAK_GB_S = flags.DEFINE_float("peak_bandwidth_gb_s", 0.0, "The device's read bandwidth; when "
+                                "given, each decode reports its share of it.")
+_DECODE_K = flags.DEFINE_integer("decode_k", 256, "k of the decode model's GSI.")
+_NEW_TOKENS = flags.DEFINE_integer("new_tokens", 16, "Tokens per timed decode.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed decodes per contender (best kept).")
+_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
+_OUT = flags.DEFINE_string("out", None, "JSON output (default results/benchmarks/scale-SHAPE.json).")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleConfig:
+  shape: str
+  checkpoint: str
+  layers: int | None
+  calib_tokens: int
+  seq_len: int
+  k: int
+  methods: tuple[str, ...]
+  eigh_layers: int
+  dtype: str
+  decode_layers: int
+  decode_dtype: str
+  peak_bandwidth_gb_s: float
+  decode_k: int
+  new_tokens: int
+  repeats: int
+  impl: str
+  out: str
+
+  def __post_init__(self):
+    for name in ("calib_tokens", "seq_len", "k", "decode_k", "new_tokens", "repeats"):
+      experiment.positive(f"--{name}", getattr(self, name))
+    if self.layers is not None:
+      experiment.positive("--layers", self.layers)
+    if not self.peak_bandwidth_gb_s >= 0:
+      raise GSIError(f"--peak_bandwidth_gb_s must be >= 0, got {self.peak_bandwidth_gb_s}")
+    for name in ("decode_layers", "eigh_layers"):
+      if getattr(self, name) < 0:
+        raise GSIError(f"--{name} must be >= 0, got {getattr(self, name)}")
+    if "eigh" in self.methods and not self.eigh_layers:
+      raise GSIError("--method eigh is measured on --eigh_layers layers: give at least 1")
+    unknown = [m for m in self.methods if m not in METHODS]
+    if unknown or not self.methods:
+      raise GSIError(f"--method takes a list of {', '.join(METHODS)}, got {list(self.methods)}")
+    if self.calib_tokens < self.seq_len:
+      raise GSIError(f"--calib_tokens ({self.calib_tokens}) must hold one --seq_len window "
+                     f"({self.seq_len})")
+    if not self.checkpoint:
+      raise GSIError("--checkpoint is required: a folder holding (or to receive) the "
+                     "random-weight checkpoint")
+    if os.path.exists(os.path.join(self.checkpoint, "config.json")):
+      if not synthetic.is_complete(self.checkpoint):
+        raise GSIError(f"{self.checkpoint} holds an incomplete checkpoint; delete it")
+    else:
+      check_writable(self.checkpoint)
+
+
+def check_depth(cfg: ScaleConfig) -> int:
+  """The checkpoint's depth (or the shape's, before it is written); checks the layer flags."""
+  if synthetic.is_complete(cfg.checkpoint):
+    with open(os.path.join(cfg.checkpoint, "config.json"), encoding="utf-8") as f:
+      depth = config_from_hf(json.load(f)).n_layers
+  else:
+    depth = config_from_hf(synthetic.hf_config(cfg.shape).to_dict()).n_layers
+  layers = cfg.layers or depth
+  for flag, value, most in (("--layers", layers, depth), ("--eigh_layers", cfg.eigh_layers, layers),
+                            ("--decode_layers", cfg.decode_layers, depth)):
+    if value > most:
+      raise GSIError(f"{flag}={value} exceeds the {most} layers available; lower it")
+  return depth
+
+
+def _first_layers(model, params, n: int):
+  """The model and parameters cut to their first n blocks."""
+  cut = dataclasses.replace(model, config=dataclasses.replace(model.config, n_layers=n))
+  return cut, {key: value for key, value in params.items()
+               if not P.is_layer(key) or P.layer_index(key) < n}
+
+
+def _by_width(values: dict, widths: dict, scale: float = 1.0) -> dict:
+  """{site width: scale x total of values["layer/site"]} (solve seconds by width)."""
+  out: dict = {}
+  for key, v in values.items():
+    out[widths[key]] = out.get(widths[key], 0.0) + v * scale
+  return {str(d): v for d, v in sorted(out.items())}
+
+
+def calibrate_all(cfg: ScaleConfig, model, ids) -> dict:
+  """Streaming calibration per method at full depth, and exact eigh on the first layers."""
+  result = {"calibration_s": {}, "solve_s": {}, "calib_peak_rss_gb": {}, "solve_s_by_width": {},
+            "lobpcg_iterations": {}, "energy_loss_vs_eigh": {}, "energy_loss_by_site": {},
+            "calibration_basis": {}}
+  bases_by_method = {}
+  forward_s = []
+  for method in cfg.methods:
+    if method == "eigh":
+      continue
+    with PeakMemory() as mem:
+      t0 = time.perf_counter()
+      bases = gsi_jax.calibrate(model, model.params, ids, cfg.k, method=method,
+                                seq_len=cfg.seq_len, source="random token ids")
+      seconds = time.perf_counter() - t0
+    bases_by_method[method] = bases
+    solve = {s: c[0] for s, c in bases.meta["solve_cost_by_site"].items()}
+    result["calibration_s"][method] = seconds
+    result["solve_s"][method] = sum(solve.values())
+    widths = {f"{layer}/{site}": bases.vectors[layer][site].shape[0]
+              for layer, site in bases.sites()}
+    result["solve_s_by_width"][method] = _by_width(solve, widths)
+    result["calib_peak_rss_gb"][method] = mem.gb
+    result["lobpcg_iterations"][method] = {
+        key: it for key, (solver, it) in bases.meta["solver_by_site"].items()
+        if solver == "lobpcg"}
+    result["calibration_basis"][method] = "measured at full depth"
+    forward_s.append(seconds - result["solve_s"][method])
+    logging.info("%s: %.1f s (solve %.1f s), peak %.2f GB", method, seconds,
+                 result["solve_s"][method], mem.gb)
+  if not cfg.eigh_layers:
+    return result
+  # eigh: the reference, measured on the first layers (same inputs as the streaming runs).
+  head, head_params = _first_layers(model, model.params, cfg.eigh_layers)
+  with PeakMemory() as mem:
+    grams = gram_matrices(head, head_params, np.asarray(ids), progress=False)
+    eigh_s, reference = {}, {}
+    for layer in P.layers(grams):
+      for site, G in grams[layer].items():
+        t0 = time.perf_counter()
+        w, _ = solvers.top_eigenpairs_float32(jnp.asarray(G), cfg.k)
+        eigh_s[f"{layer}/{site}"] = time.perf_counter() - t0
+        reference[f"{layer}/{site}"] = (G, w)
+        logging.info("eigh %s/%s (%d wide): %.1f s", layer, site, G.shape[0],
+                     eigh_s[f"{layer}/{site}"])
+  per_layer = sum(eigh_s.values()) / cfg.eigh_layers
+  n_layers = model.config.n_layers
+  if "eigh" in cfg.methods:
+    forward = float(np.mean(forward_s)) if forward_s else math.nan
+    result["calibration_s"]["eigh"] = forward + per_layer * n_layers
+    result["solve_s"]["eigh"] = per_layer * n_layers
+    result["calib_peak_rss_gb"]["eigh"] = mem.gb
+    result["calibration_basis"]["eigh"] = (
+        f"modelled: solve measured on {cfg.eigh_layers} layer(s) x {n_layers} layers, "
+        "plus the streaming runs' mean forward time")
+    result["solve_s_by_width"]["eigh"] = _by_width(
+        eigh_s, {key: G.shape[0] for key, (G, _) in reference.items()},
+        n_layers / cfg.eigh_layers)
+  result["eigh_measured_s_by_site"] = eigh_s
+  for method, bases in bases_by_method.items():
+    losses = {key: solvers.energy_loss(G, bases.vectors[key.split("/")[0]][key.split("/")[1]],
+                                       w[:cfg.k])
+              for key, (G, w) in reference.items()}
+    result["energy_loss_by_site"][method] = losses
+    result["energy_loss_vs_eigh"][method] = max(losses.values())
+  return result
+
+
+def decode_at_layer_shape(cfg: ScaleConfig, ids) -> dict:
+  """Dense, static and gated decode of the model cut to --decode_layers blocks."""
+  model = gsi_jax.load_model(cfg.checkpoint, cfg.decode_dtype, n_layers=cfg.decode_layers)
+  bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
+                            seq_len=cfg.seq_len, source="random token ids", progress=False)
+  params = gsi_jax.apply_gsi(model.params, bases, cfg.decode_k)
+  prompt = np.asarray(ids)[:1, :16]
+  rho = residual_ratios(model, model.params, bases, np.asarray(ids)[:1], [cfg.decode_k])
+  median_rho = float(np.median(np.concatenate([r[:, 0] for s in rho.values() for r in s.values()])))
+  dense_tps, dense_compile = decode_tokens_per_s(model, model.params, prompt, cfg.new_tokens,
+                                                 cfg.repeats)
+  dense_bytes = metrics.byte_accounting(model.params)["bytes_per_token_dense"]
+  share_of_peak = lambda gb_s: gb_s / cfg.peak_bandwidth_gb_s if cfg.peak_bandwidth_gb_s else None
+  out = {"decode_layers": cfg.decode_layers, "decode_k": cfg.decode_k,
+         "decode_dtype": cfg.decode_dtype, "peak_bandwidth_gb_s": cfg.peak_bandwidth_gb_s or None,
+         "dense_bandwidth_share": share_of_peak(dense_tps * dense_bytes / 1e9),
+         "decode_weights_gb": sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9,
+         "dense_tokens_per_s": dense_tps, "dense_compile_s": dense_compile,
+         "dense_bandwidth_gb_s": dense_tps * dense_bytes / 1e9, "points": []}
+  for name, eps in (("static", math.inf), ("gated_median_rho", median_rho), ("gated_all_slow", 0.0)):
+    gate = gsi_jax.make_gate(eps, impl=cfg.impl, batch1_switch=True)
+    tps, compile_s = decode_tokens_per_s(model, params, prompt, cfg.new_tokens, cfg.repeats, gate)
+    _, share = model.generate(params, prompt, cfg.new_tokens, gate, return_stats=True,
+                              stop_at_eos=False)
+    b = metrics.byte_accounting(params, share)
+    out["points"].append({
+        "name": name, "eps": eps, "impl": gate.impl, "tokens_per_s": tps, "compile_s": compile_s,
+        "fast_share": metrics.mean_share(share), "byte_ideal_speedup": b["speedup_bytes"],
+        "measured_speedup": tps / dense_tps,
+        "bandwidth_gb_s": tps * b["bytes_per_token"] / 1e9,
+        "bandwidth_share": share_of_peak(tps * b["bytes_per_token"] / 1e9)})
+    logging.info("decode %s: %.2f tok/s (dense %.2f), byte ideal x%.2f", name, tps, dense_tps,
+                 b["speedup_bytes"])
+  static = out["points"][0]
+  out.update(static_tokens_per_s=static["tokens_per_s"],
+             byte_ideal_speedup=static["byte_ideal_speedup"],
+             measured_speedup=static["measured_speedup"])
+  return out
+
+
+def run(cfg: ScaleConfig) -> dict:
+  made = None
+  if not synthetic.is_complete(cfg.checkpoint):
+    logging.info("writing a random %s checkpoint to %s", cfg.shape, cfg.checkpoint)
+    made = synthetic.write_random_checkpoint(synthetic.hf_config(cfg.shape), cfg.checkpoint)
+  with PeakMemory() as mem:
+    t0 = time.perf_counter()
+    model = gsi_jax.load_model(cfg.checkpoint, cfg.dtype, n_layers=cfg.layers)
+    load_s = time.perf_counter() - t0
+  weights_gb = sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9
+  logging.info("loaded %d layers, %.2f GB in %.0f s (peak %.2f GB)", model.config.n_layers,
+               weights_gb, load_s, mem.gb)
+  rng = np.random.default_rng(0)
+  n = cfg.calib_tokens // cfg.seq_len
+  ids = rng.integers(0, model.config.vocab_size, (n, cfg.seq_len)).astype(np.int32)
+  calib = calibrate_all(cfg, model, ids)
+  result = {"shape": cfg.shape, "layers": model.config.n_layers, "dtype": cfg.dtype,
+            "weights_gb": weights_gb, "load_s": load_s, "load_peak_rss_gb": mem.gb,
+            "load_peak_over_weights": mem.gb / weights_gb, "calib_tokens": int(ids.size),
+            "k": cfg.k, "eigh_layers": cfg.eigh_layers, "checkpoint_written": made,
+            "devices": str(jax.devices()), "sites": sorted(
+                {f"{site}:{d}" for sites in P.site_widths(model.params).values()
+                 for site, d in sites.items()}), **calib}
+  del model
+  if cfg.decode_layers:
+    result.update(decode_at_layer_shape(cfg, ids))
+  return result
+
+
+def main(argv):
+  del argv
+  cfg = ScaleConfig(
+      shape=_SHAPE.value, checkpoint=_CHECKPOINT.value, layers=_LAYERS.value,
+      calib_tokens=_CALIB_TOKENS.value, seq_len=_SEQ_LEN.value, k=_K.value,
+      methods=tuple(_METHODS.value), eigh_layers=_EIGH_LAYERS.value, dtype=_DTYPE.value,
+      decode_layers=_DECODE_LAYERS.value, decode_dtype=_DECODE_DTYPE.value,
+      peak_bandwidth_gb_s=_PEAK_GB_S.value, decode_k=_DECODE_K.value,
+      new_tokens=_NEW_TOKENS.value, repeats=_REPEATS.value, impl=_IMPL.value,
+      out=_OUT.value or f"results/benchmarks/scale-{_SHAPE.value}.json")
+  out = experiment.check_output_path(cfg.out)
+  check_depth(cfg)
+  experiment.write_json(out, run(cfg))
+  logging.info("wrote %s", out)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,78 @@
+"""How every benchmark measures: best-of-n wall time, greedy decode tokens/s with
+compile time apart, and peak resident memory of one phase of work."""
+
+from __future__ import annotations
+
+import resource
+import threading
+import time
+
+import jax
+
+from gsi_jax.errors import GSIError
+
+
+def best_time(fn, repeats: int) -> float:
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def decode_tokens_per_s(model, params, ids, n: int, repeats: int, gate=None):
+  """Tokens/s over exactly n new tokens (no stop at end-of-sequence), and compile time."""
+  if int(n) < 1:
+    raise GSIError(f"new tokens must be >= 1, got {n}")
+  run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
+  t0 = time.perf_counter()
+  run()
+  compile_s = time.perf_counter() - t0
+  return n / best_time(run, repeats), compile_s
+
+
+def peak_rss_mb() -> float:
+  """Peak resident memory of the whole process so far."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_bytes(field: str = "VmRSS") -> int:
+  with open("/proc/self/status", encoding="ascii") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  raise GSIError(f"/proc/self/status has no {field}")
+
+
+class PeakMemory:
+  """Peak resident memory inside a `with` block, in GB (Linux).
+
+  Resets the kernel's high-water mark (clear_refs 5) on entry and reads VmHWM
+  on exit; where the reset is refused, a thread samples VmRSS every 10 ms.
+  """
+
+  def __enter__(self):
+    self.gb = None
+    self._stop = None
+    try:
+      with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")
+    except OSError:
+      self._peak, self._stop = _rss_bytes(), threading.Event()
+      self._thread = threading.Thread(target=self._sample, daemon=True)
+      self._thread.start()
+    return self
+
+  def _sample(self):
+    while not self._stop.wait(0.01):
+      self._peak = max(self._peak, _rss_bytes())
+
+  def __exit__(self, *exc):
+    if self._stop is None:
+      self.gb = _rss_bytes("VmHWM") / 1e9
+    else:
+      self._stop.set()
+      self._thread.join()
+      self.gb = max(self._peak, _rss_bytes()) / 1e9
+    return False
