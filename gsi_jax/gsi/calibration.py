@@ -249,19 +249,20 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
     x_NTD = jnp.concatenate([_embed(model.module, params, jnp.asarray(ids[i:i + batch_size]))
                              for i in range(0, len(ids), batch_size)])
   block = Block(model.config, model.dtype)
+  # Every block has the same sites and widths: trace one once.
+  _, shapes = jax.eval_shape(lambda p, x: _layer_forward(p, x, block), params[layer_names[0]],
+                             jnp.zeros((1, ids.shape[1], model.config.d_model), model.dtype))
+  widths = {site: x.shape[-1] for site, x in shapes.items()}
+  zeros = lambda: {site: jax.device_put(jnp.zeros((d, d), jnp.float32), _row_sharded(mesh, d))
+                   for site, d in widths.items()}
+  # Keep a layer's site inputs when they are smaller than its Gram matrices, and add them
+  # up after the forward: the forward's temporaries (XLA's CPU dot converts each bf16
+  # weight to float32) and the Gram matrices are then never alive together.
+  keep_inputs = ids.size * sum(widths.values()) < sum(d * d for d in widths.values())
   start = time.time()
   for index in range(done, len(layer_names)):
     layer = layer_names[index]
     t0 = time.time()
-    _, shapes = jax.eval_shape(lambda p, x: _layer_forward(p, x, block), params[layer],
-                               x_NTD[:1])
-    widths = {site: x.shape[-1] for site, x in shapes.items()}
-    zeros = lambda: {site: jax.device_put(jnp.zeros((d, d), jnp.float32), _row_sharded(mesh, d))
-                     for site, d in widths.items()}
-    # Keep the layer's site inputs when they are smaller than its Gram matrices, and add
-    # them up after the forward: the forward's temporaries (XLA's CPU dot converts each
-    # bf16 weight to float32) and the Gram matrices are then never alive together.
-    keep_inputs = ids.size * sum(widths.values()) < sum(d * d for d in widths.values())
     grams, kept, outputs = (None if keep_inputs else zeros()), [], []
     for i in range(0, len(ids), batch_size):
       y, inputs = _layer_forward(params[layer], x_NTD[i:i + batch_size], block)
