@@ -24,8 +24,8 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model (about 70 minutes on 2 cores,
-# the Pareto sweep about 40 of them).
+# Every table and figure of results/ for the default model (about 105 minutes on 2 cores,
+# the Pareto sweep with its timed decodes and learned budgets about 75 of them).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
 	$(PY) -m gsi_jax.demo --out results/demo.json
@@ -37,7 +37,7 @@ results: $(STAMP)
 	$(PY) experiments/calibration_cost.py --k 256
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
-	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096
+	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096 --learned
 	$(PY) -c "import nbformat, nbclient; nb = nbformat.read('notebooks/subspace_coherence.ipynb', 4); \
 	  nbclient.NotebookClient(nb, timeout=3600, resources={'metadata': {'path': 'notebooks'}}).execute()"
 
@@ -45,6 +45,7 @@ results: $(STAMP)
 benchmarks: $(STAMP)
 	$(PY) benchmarks/linear.py
 	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
+	$(PY) benchmarks/decode.py --profile --torch=false --out results/benchmarks/decode_profile.json
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
 

@@ -2,9 +2,14 @@
 
   python benchmarks/decode.py --out results/benchmarks/decode.json
   python benchmarks/decode.py --gsi 256:0.1,384:0.05 --out ...
+  python benchmarks/decode.py --profile --torch=false --out results/benchmarks/decode_profile.json
 
 Same prompt and length for every contender, in one run.  JAX timings follow
-a compile-and-warm-up call, reported separately as compile_s.
+a compile-and-warm-up call, reported separately as compile_s.  Every JAX path
+reports its weight bytes per token and the bandwidth they imply as a share of
+--peak_bandwidth_gb_s.  --profile also splits dense decode's time between
+matrix products and everything else (per-op tracing is on for the whole
+run, so its timings carry the tracing's overhead).
 """
 
 import logging
@@ -16,6 +21,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, text
+from gsi_jax import benchmarking
 from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mb
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
@@ -29,7 +35,16 @@ _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch genera
 _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
 _BASES_DIR = flags.DEFINE_string("bases_dir", DEFAULT_BASES_DIR, "Orbax bases cache.")
+_PEAK = flags.DEFINE_float("peak_bandwidth_gb_s", 30.0, "Memory read bandwidth (GB/s) that "
+                          "utilisation is measured against.")
+_PROFILE = flags.DEFINE_bool("profile", False, "Trace dense decode: time in matrix products "
+                             "and in everything else.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/decode.json", "JSON output.")
+
+
+def utilisation(bytes_per_token: float, tokens_per_s: float) -> float:
+  """The read bandwidth a decode implies, as a share of --peak_bandwidth_gb_s."""
+  return bytes_per_token * tokens_per_s / (_PEAK.value * 1e9)
 
 
 def torch_decode(source: str, ids, n, repeats):
@@ -72,7 +87,12 @@ def main(argv):
     gsi_jax.ops.check_threshold("--gsi eps", eps)
   experiment.positive("--max_new_tokens", _NEW.value)
   experiment.positive("--repeats", _REPEATS.value)
+  if not _PEAK.value > 0:
+    raise GSIError(f"--peak_bandwidth_gb_s must be > 0, got {_PEAK.value}")
   out = experiment.check_output_path(_OUT.value)
+  if _PROFILE.value:  # before jax starts its backend
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
+                               + benchmarking.TRACE_FLAG).strip()
   if _BASES_DIR.value:
     gsi_jax.gsi.checkpoint.check_writable(_BASES_DIR.value)
   t0 = time.perf_counter()
@@ -81,10 +101,20 @@ def main(argv):
   ids = model.encode(_PROMPT.value)[None]
   n = _NEW.value
   tps, compile_s = decode_tokens_per_s(model, model.params, ids, n, _REPEATS.value)
-  result = {"model": model.config.name, "prompt_tokens": int(ids.shape[1]), "new_tokens": n,
-            "load_s": load_s, "compile_s": compile_s, "jax_dense_tokens_per_s": tps,
+  dense_bytes = metrics.dense_bytes(model.params)
+  result = {"model": model.config.name, "dtype": _DTYPE.value, "prompt_tokens": int(ids.shape[1]),
+            "new_tokens": n, "load_s": load_s, "compile_s": compile_s,
+            "jax_dense_tokens_per_s": tps, "dense_bytes_per_token": dense_bytes,
+            "peak_bandwidth_gb_s": _PEAK.value,
+            "bandwidth_limit_tokens_per_s": _PEAK.value * 1e9 / dense_bytes,
+            "dense_bandwidth_utilisation": utilisation(dense_bytes, tps),
+            "per_op_tracing": _PROFILE.value,
             "peak_rss_mb": peak_rss_mb(), "devices": str(jax.devices()), "gsi": []}
-  logging.info("JAX dense: %.1f tok/s (compile %.1f s)", tps, compile_s)
+  logging.info("JAX dense: %.1f tok/s (compile %.1f s), %.0f%% of %.0f GB/s", tps, compile_s,
+               100 * result["dense_bandwidth_utilisation"], _PEAK.value)
+  if _PROFILE.value:
+    result["dense_profile"] = benchmarking.decode_profile(model, model.params, ids, n)
+    logging.info("dense profile: %s", result["dense_profile"])
   if points:
     calib = text.windows(model, text.PYDOC_CALIB, 256, 16384)
     bases = cached_bases(model, model.params, calib, max(k for k, _ in points),
@@ -98,6 +128,8 @@ def main(argv):
       result["gsi"].append({
           "k": k, "eps": eps, "impl": gate.impl, "tokens_per_s": g_tps, "compile_s": g_compile,
           "decode_fast_share": metrics.mean_share(share),
+          "bytes_per_token": b["bytes_per_token"],
+          "bandwidth_utilisation": utilisation(b["bytes_per_token"], g_tps),
           "predicted_speedup_bytes": b["speedup_bytes"],
           "predicted_speedup_paper": b["speedup_paper"],
           "measured_speedup": g_tps / tps})
@@ -105,6 +137,7 @@ def main(argv):
   if _TORCH.value:
     t_tps, t_load = torch_decode(_MODEL.value, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
+                  torch_bandwidth_utilisation=utilisation(dense_bytes, t_tps),
                   jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())
     logging.info("PyTorch: %.1f tok/s", t_tps)
   experiment.write_json(out, result)

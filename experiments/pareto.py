@@ -1,15 +1,22 @@
-"""GSI against its peers at equal bytes read: quality against true bytes per token.
+"""GSI against its peers: quality against true bytes per token, and against measured speed.
 
-  python experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096
+  python experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096 \
+      --learned
 
 Methods: gsi (k × eps), static projection (k), activation-aware weight SVD
 (rank), magnitude activation sparsity (target sparsity), and three
 extensions beyond the paper: gsi_out (the output-aware gate
 ‖W r‖ < eps ‖W x‖, k × eps), gsi_ladder (nested ranks: the --ladder ranks
 below k, then k; k × eps), head (the LM head gated at --head_k, dense
-sites; --head_eps) and sparsity+head (both; sparsity × head_eps).  Bytes
-count every weight each method reads per decoded token, the LM head and
-embeddings included (`gsi_jax.metrics.bytes`).  One sweep per method.
+sites; --head_eps), sparsity+head (both; sparsity × head_eps) and larosa
+(sparsity on inputs rotated into their PCA basis, at --larosa_sites).  With
+--learned, also sparsity_learned and gsi_learned: per-site thresholds or ε
+learned with optax (`gsi_jax.allocation`) at the uniform allocation's bytes
+on calibration text.  Bytes count every weight each
+method reads per decoded token, the LM head and embeddings included
+(`gsi_jax.metrics.bytes`).  Every record also decodes at batch 1 through
+its fast path (the batch-1 switch, kept rows only, two thin maps) for
+tokens/s, beside dense decode in the same run.  One sweep per method.
 """
 
 import dataclasses
@@ -21,11 +28,13 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, experiment, metrics, peers
+from gsi_jax import allocation, cli, experiment, metrics, peers
+from gsi_jax.benchmarking import decode_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.models import params as P
 
 cli.define_experiment_flags()
 flags.DEFINE_list("svd_ranks", ["32", "64", "128", "192", "256"], "Weight-SVD ranks.")
@@ -36,12 +45,29 @@ flags.DEFINE_list("ladder", ["64", "128", "256"], "Rank-ladder rungs (those belo
                   "empty: skip the ladder).")
 flags.DEFINE_integer("head_k", 384, "Rank of the gated LM head (0: skip it).")
 flags.DEFINE_list("head_eps", ["0.1", "0.2"], "Gate thresholds of the LM head.")
+flags.DEFINE_list("larosa_sites", ["attn_in", "mlp_in"], "Sites LaRoSA rotates (empty: skip "
+                  "it); the rest stay plain magnitude sparsity.")
+flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
+                     "timing); each decodes --max_new_tokens from the first prompt.")
+flags.DEFINE_bool("learned", False, "Also learn per-site budgets with optax.")
+flags.DEFINE_list("learned_sparsity", ["0.4", "0.5", "0.6"],
+                  "Uniform sparsity targets whose bytes the learned thresholds match.")
+flags.DEFINE_list("learned_eps", ["0.5"],
+                  "Uniform eps (at the largest --k) whose bytes the learned eps match.")
+flags.DEFINE_float("learned_lambda", 100.0, "Penalty on leaving the byte budget while learning "
+                   "(KL nats per squared bytes fraction).")
+flags.DEFINE_integer("learned_steps", 24, "Adam steps per learned allocation.")
 FLAGS = flags.FLAGS
 OUT = "results/pareto.json"
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
-METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head")
+PPL_LIMITS = (1.01, 1.05, 1.10)
+METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
+           "larosa", "sparsity_learned", "gsi_learned")
+BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
+                "bytes_fraction", "tokens_per_s"]
+UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
-           "generations_identical"]
+           "generations_identical", "tokens_per_s", "measured_speedup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +79,13 @@ class ParetoConfig:
   ladder: tuple[int, ...]
   head_k: int
   head_eps: tuple[float, ...]
+  larosa_sites: tuple[str, ...]
+  speed_repeats: int
+  learned: bool
+  learned_sparsity: tuple[float, ...]
+  learned_eps: tuple[float, ...]
+  learned_lambda: float
+  learned_steps: int
 
   def __post_init__(self):
     if any(r < 1 for r in self.svd_ranks):
@@ -63,8 +96,20 @@ class ParetoConfig:
       raise GSIError("--output_sketch and --head_k must be >= 0")
     if any(r < 1 for r in self.ladder):
       raise GSIError(f"--ladder ranks must be positive, got {list(self.ladder)}")
-    for e in self.head_eps:
-      gsi_jax.ops.check_threshold("--head_eps values", e)
+    for e in self.head_eps + self.learned_eps:
+      gsi_jax.ops.check_threshold("--head_eps and --learned_eps values", e)
+    if any(not 0 < s < 1 for s in self.learned_sparsity):
+      raise GSIError(f"--learned_sparsity targets must lie in (0, 1), "
+                     f"got {list(self.learned_sparsity)}")
+    if any(e == 0 for e in self.learned_eps):
+      raise GSIError("--learned_eps must be > 0: a zero gate has no allocation to learn")
+    unknown = set(self.larosa_sites) - set(P.SITES)
+    if unknown:
+      raise GSIError(f"--larosa_sites: unknown sites {sorted(unknown)}; choose from {P.SITES}")
+    if self.speed_repeats < 0:
+      raise GSIError(f"--speed_repeats must be >= 0, got {self.speed_repeats}")
+    allocation.AllocationConfig(budget=1.0, lam=self.learned_lambda,
+                                steps=self.learned_steps)  # checks the flags now
 
 
 def config_from_flags() -> ParetoConfig:
@@ -74,7 +119,12 @@ def config_from_flags() -> ParetoConfig:
       sparsity=cli.numbers("sparsity", FLAGS.sparsity, float),
       output_sketch=FLAGS.output_sketch,
       ladder=tuple(sorted(cli.numbers("ladder", FLAGS.ladder, int))) if FLAGS.ladder else (),
-      head_k=FLAGS.head_k, head_eps=cli.numbers("head_eps", FLAGS.head_eps, float))
+      head_k=FLAGS.head_k, head_eps=cli.numbers("head_eps", FLAGS.head_eps, float),
+      larosa_sites=tuple(FLAGS.larosa_sites), speed_repeats=FLAGS.speed_repeats,
+      learned=FLAGS.learned,
+      learned_sparsity=cli.numbers("learned_sparsity", FLAGS.learned_sparsity, float),
+      learned_eps=cli.numbers("learned_eps", FLAGS.learned_eps, float),
+      learned_lambda=FLAGS.learned_lambda, learned_steps=FLAGS.learned_steps)
 
 
 def frontier_at(records, budget, key):
@@ -91,33 +141,70 @@ def frontier_at(records, budget, key):
   return float(np.interp(budget, xs, ys))
 
 
-class Evaluator:
-  """Scores a parameter tree on the held-out text and greedy generations, against dense."""
+def batch1(gate):
+  """The gate a record decodes with: the same, through the batch-1 fast paths."""
+  return gsi_jax.make_gate(0.0, batch1_switch=True) if gate is None \
+      else gate.replace(batch1_switch=True)
 
-  def __init__(self, s: experiment.Setup):
-    self.s, self.model = s, s.model
+
+class Evaluator:
+  """Scores a parameter tree on the held-out text and greedy generations, against
+  dense, and times its batch-1 decode against dense decode timed in the same run.
+
+  Generations run through the fast paths (`batch1`), which decode the same tokens
+  as the masked evaluation paths (tests/test_fast_paths.py); the timed decode of
+  the first prompt then reuses their compiled program."""
+
+  def __init__(self, s: experiment.Setup, c: ParetoConfig):
+    self.s, self.c, self.model = s, c, s.model
     self.dense = metrics.score(s.model, s.model.params, s.held_out.ids)
     self.dense_bytes = mbytes.dense_bytes(s.model.params)
     self.dense_gen = {p: self._generate(s.model.params, p) for p in s.config.prompts}
+    self.dense_tokens_per_s = self.tokens_per_s(s.model.params, None)[0]
+    if self.dense_tokens_per_s:
+      logging.info("dense decode: %.1f tokens/s", self.dense_tokens_per_s)
 
   def _generate(self, params, prompt, gate=None):
     return np.asarray(self.model.generate(params, self.model.encode(prompt)[None],
                                           self.s.config.max_new_tokens, gate))
 
-  def record(self, method, knob, params, gate, bytes_of):
+  def tokens_per_s(self, params, gate):
+    """(tokens/s, compile s) of batch-1 greedy decode; (None, None) without timing."""
+    if not self.c.speed_repeats:
+      return None, None
+    ids = self.model.encode(self.s.config.prompts[0])[None]
+    return decode_tokens_per_s(self.model, params, ids, self.s.config.max_new_tokens,
+                               self.c.speed_repeats, gate)
+
+  def calib_bytes_fraction(self, params, gate, bytes_of, windows: int = 8) -> float:
+    """Bytes per token / dense on the first calibration windows (the learned budgets'
+    scale is set here, never on held-out text)."""
+    scores = metrics.score(self.model, params, self.s.calib.ids[:windows], gate)
+    return bytes_of(scores) / self.dense_bytes
+
+  def record(self, method, knob, params, gate, bytes_of, **extra):
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text)."""
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
-    same = sum(np.array_equal(g, self._generate(params, p, gate))
+    same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
                for p, g in self.dense_gen.items())
-    logging.info("%s %s: bytes %.3f, ppl ratio %.4f", method, knob,
-                 bytes_per_token / self.dense_bytes, q["ppl_ratio"])
-    return {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
-            "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
-            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
-            "head_fast_share": scores["head_fast_share"],
-            "generations_identical": int(same), "prompts": len(self.dense_gen)}
+    tps, compile_s = self.tokens_per_s(params, batch1(gate))
+    rec = {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
+           "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
+           "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
+           "head_fast_share": scores["head_fast_share"],
+           "generations_identical": int(same), "prompts": len(self.dense_gen)}
+    if tps is not None:
+      rec.update(tokens_per_s=tps, measured_speedup=tps / self.dense_tokens_per_s,
+                 compile_s=compile_s)
+    if extra.pop("shares", False):
+      rec.update(fast_share_by_layer=scores["fast_share_by_layer"],
+                 kept_share_by_layer=scores["kept_share_by_layer"])
+    rec.update(extra)
+    logging.info("%s %s: bytes %.3f, ppl ratio %.4f%s", method, knob, rec["bytes_fraction"],
+                 q["ppl_ratio"], "" if tps is None else f", {tps:.1f} tokens/s")
+    return rec
 
 
 def release_executables():
@@ -157,21 +244,18 @@ def sweep_static(ev, c: ParetoConfig) -> list[dict]:
   return records
 
 
-def sweep_svd(ev, c: ParetoConfig) -> list[dict]:
+def sweep_svd(ev, c: ParetoConfig, grams: dict) -> list[dict]:
   base = ev.model.params
-  svds = peers.whitened_svds(base, calibration.gram_matrices(ev.model, base, ev.s.calib.ids,
-                                                              progress=False))
+  svds = peers.whitened_svds(base, grams)
   records = [ev.record("svd", f"rank={rank}", peers.svd_truncate(base, svds, rank), None,
                        lambda sc, r=rank: mbytes.svd_bytes(base, r)) for rank in c.svd_ranks]
   release_executables()
   return records
 
 
-def sparse_params(ev, c: ParetoConfig) -> dict:
-  base = ev.model.params
-  return {sp: peers.apply_sparsity(base, peers.sparsity_thresholds(ev.model, base,
-                                                                   ev.s.calib.ids, sp))
-          for sp in c.sparsity}
+def uniform_thresholds(ev, params, targets) -> dict:
+  """{target: {layer: {site: t}}}: per site, the |x| quantile for each target sparsity."""
+  return {sp: peers.sparsity_thresholds(ev.model, params, ev.s.calib.ids, sp) for sp in targets}
 
 
 def sparse_bytes(params):
@@ -180,8 +264,21 @@ def sparse_bytes(params):
 
 
 def sweep_sparsity(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
-  records = [ev.record("sparsity", f"target={sp}", params, None, sparse_bytes(params))
+  records = [ev.record("sparsity", f"target={sp}", params, None, sparse_bytes(params),
+                       shares=c.learned and sp in c.learned_sparsity)
              for sp, params in sparse.items()]
+  release_executables()
+  return records
+
+
+def sweep_larosa(ev, c: ParetoConfig, grams: dict) -> list[dict]:
+  """Magnitude sparsity in each site's PCA basis (GSI's eigenbasis, all d columns) at
+  the LaRoSA sites; Q is read at every token and counted."""
+  rotated = peers.apply_rotation(ev.model.params, peers.pca_bases(grams, c.larosa_sites))
+  records = []
+  for sp, thresholds in uniform_thresholds(ev, rotated, c.sparsity).items():
+    params = peers.apply_sparsity(rotated, thresholds)
+    records.append(ev.record("larosa", f"target={sp}", params, None, sparse_bytes(params)))
   release_executables()
   return records
 
@@ -203,9 +300,64 @@ def sweep_head(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
   return records
 
 
+def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebuild, gate,
+                   bytes_of):
+  """Learn `knob` per site from `init`, scale the allocation to the uniform one's bytes
+  on calibration text, and evaluate it hard.  rebuild(values) -> params."""
+  budget = ev.calib_bytes_fraction(rebuild(init), gate, bytes_of(rebuild(init)))
+  learned, history = allocation.learn_allocation(
+      ev.model, params, knob, init, ev.s.calib.ids,
+      allocation.AllocationConfig(budget=budget, lam=c.learned_lambda, steps=c.learned_steps))
+  matched = allocation.scale_to_budget(
+      learned, lambda v: ev.calib_bytes_fraction(rebuild(v), gate, bytes_of(rebuild(v))), budget)
+  final = rebuild(matched)
+  return ev.record(method, target, final, gate, bytes_of(final), shares=True,
+                   allocation=matched, calib_bytes_fraction_uniform=budget,
+                   learning=history)
+
+
+def sweep_learned(ev, c: ParetoConfig, thresholds: dict) -> list[dict]:
+  """Learned per-site sparsity levels, then learned per-site ε at the largest k."""
+  base = ev.model.params
+  records = [learned_record(ev, c, "sparsity_learned", P.THRESHOLD, f"target={sp}", base,
+                            allocation.floored(thresholds[sp]),
+                            lambda v: peers.apply_sparsity(base, v), None, sparse_bytes)
+             for sp in c.learned_sparsity]
+  release_executables()
+  k = max(c.base.k)
+  gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
+  rebuild = lambda v: allocation.with_knobs(gsi_params, P.EPS, v)
+  gate = gsi_jax.make_gate(0.0, impl=c.base.impl)  # every site's own ε overrides it
+  for eps in c.learned_eps:
+    init = {layer: {site: eps for site in sites} for layer, sites in P.site_kernels(base).items()}
+    records.append(learned_record(ev, c, "gsi_learned", P.EPS, f"k={k},eps={eps}", gsi_params,
+                                  init, rebuild, gate, gated_bytes))
+  release_executables()
+  return records
+
+
+def matched_uniform(records):
+  """Each learned record gains the uniform method's perplexity ratio at its bytes."""
+  for r in records:
+    if r["method"] in UNIFORM:
+      uniform = [u for u in records if u["method"] == UNIFORM[r["method"]]]
+      r["uniform_ppl_ratio_at_bytes"] = frontier_at(uniform, r["bytes_fraction"], "ppl_ratio")
+
+
+def best_measured(records) -> list[dict]:
+  """Per perplexity-ratio limit, the record with the highest measured speedup."""
+  rows = []
+  for limit in PPL_LIMITS:
+    ok = [r for r in records if r["ppl_ratio"] <= limit and "measured_speedup" in r]
+    best = max(ok, key=lambda r: r["measured_speedup"], default=None)
+    rows.append({"ppl_ratio_limit": limit,
+                 **({} if best is None else {key: best[key] for key in BEST_COLUMNS[1:]})})
+  return rows
+
+
 def pareto(c: ParetoConfig):
   s = experiment.prepare(c.base)
-  ev = Evaluator(s)
+  ev = Evaluator(s, c)
   base = s.model.params
   records = sweep_gsi(ev, c, "gsi", lambda k: gsi_jax.apply_gsi(base, s.bases, k))
   if c.output_sketch:
@@ -214,11 +366,19 @@ def pareto(c: ParetoConfig):
   if c.ladder:
     records += sweep_gsi(ev, c, "gsi_ladder", lambda k: gsi_jax.apply_gsi(
         base, s.bases, k, ladder=[r for r in c.ladder if r < k]) if c.ladder[0] < k else None)
-  records += sweep_static(ev, c) + sweep_svd(ev, c)
-  sparse = sparse_params(ev, c)
+  grams = calibration.gram_matrices(ev.model, base, s.calib.ids, progress=False)
+  records += sweep_static(ev, c) + sweep_svd(ev, c, grams)
+  thresholds = uniform_thresholds(ev, base, sorted(set(c.sparsity + c.learned_sparsity)))
+  sparse = {sp: peers.apply_sparsity(base, thresholds[sp]) for sp in c.sparsity}
   records += sweep_sparsity(ev, c, sparse)
   if c.head_k:
     records += sweep_head(ev, c, sparse)
+  if c.larosa_sites:
+    records += sweep_larosa(ev, c, grams)
+  if c.learned:
+    records += sweep_learned(ev, c, thresholds)
+  matched_uniform(records)
+  dense_end = ev.tokens_per_s(base, None)[0]
   budgets = []
   for budget in BUDGETS:
     row = {"budget": budget}
@@ -227,12 +387,16 @@ def pareto(c: ParetoConfig):
       row[f"{method}_ppl_ratio"] = frontier_at(mine, budget, "ppl_ratio")
       row[f"{method}_top1"] = frontier_at(mine, budget, "top1_agreement")
     budgets.append(row)
-  return s, ev, records, budgets
+  speed = {"dense_tokens_per_s": ev.dense_tokens_per_s, "dense_tokens_per_s_end": dense_end,
+           "best_measured": best_measured(records)}
+  return s, ev, records, budgets, speed
 
 
 def plot(records, out):
-  fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh"))
+  fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+  markers = dict(zip(METHODS, "oDPs^vXh<>*"))
+  panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
+            ("measured_speedup", "ppl_ratio"))
   for method in METHODS:
     mine = sorted((r for r in records if r["method"] == method),
                   key=lambda r: r["bytes_fraction"])
@@ -240,25 +404,57 @@ def plot(records, out):
       continue
     # Swept over two knobs (k × eps): points, not a line.
     ls = "none" if method.startswith("gsi") or method == "sparsity+head" else "-"
-    for ax, key in zip(axes, ("ppl_ratio", "top1_agreement")):
-      ax.plot([r["bytes_fraction"] for r in mine], [r[key] for r in mine], markers[method],
-              label=method, ls=ls, alpha=0.8)
+    for ax, (x, y) in zip(axes, panels):
+      pts = [(r[x], r[y]) for r in mine if x in r]
+      if pts:
+        ax.plot(*zip(*pts), markers[method], label=method, ls=ls, alpha=0.8)
   axes[0].set(xlabel="weight bytes per token / dense", ylabel="perplexity ratio", yscale="log")
   axes[1].set(xlabel="weight bytes per token / dense", ylabel="top-1 agreement")
+  axes[2].set(xlabel="measured batch-1 decode speedup over dense", ylabel="perplexity ratio",
+              yscale="log")
   for ax in axes:
     ax.axvline(1.0, color="gray", lw=0.8)
-  axes[1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+  axes[2].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
   experiment.save_figure(fig, out)
+
+
+def plot_allocation(records, out):
+  """Per site and layer, the learned method's share (kept inputs, or fast tokens) on
+  held-out text, beside the uniform allocation's at the same target."""
+  learned = [r for r in records if r["method"] in UNIFORM]
+  if not learned:
+    return
+  fig, axes = plt.subplots(1, len(learned), figsize=(4.2 * len(learned), 3.6), squeeze=False)
+  for ax, r in zip(axes[0], learned):
+    key = "kept_share_by_layer" if r["method"] == "sparsity_learned" else "fast_share_by_layer"
+    uniform = next((u for u in records if u["method"] == UNIFORM[r["method"]]
+                    and u["knob"] == r["knob"].split(",")[-1] and key in u), None)
+    layers = P.layers(r[key])
+    for i, site in enumerate(P.SITES):
+      if site not in r[key][layers[0]]:
+        continue
+      ax.plot(range(len(layers)), [r[key][l][site] for l in layers], color=f"C{i}", label=site)
+      if uniform:
+        ax.plot(range(len(layers)), [uniform[key][l][site] for l in layers], color=f"C{i}",
+                ls=":", lw=0.8)
+    ax.set(title=f"{r['method']} {r['knob']}", xlabel="layer",
+           ylabel="kept share" if key.startswith("kept") else "fast share", ylim=(0, 1.02))
+  axes[0][0].legend(fontsize=7)
+  fig.suptitle("learned per-site allocation (solid) and uniform (dotted), held-out text",
+               fontsize=9)
+  experiment.save_figure(fig, out.replace(".json", "_allocation.json"))
 
 
 def main(argv):
   c = config_from_flags()
-  s, ev, records, budgets = pareto(c)
-  extra = {"budgets": budgets, "dense_bytes_per_token": ev.dense_bytes,
+  s, ev, records, budgets, speed = pareto(c)
+  extra = {"budgets": budgets, "dense_bytes_per_token": ev.dense_bytes, **speed,
            **{f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "base"}}
   experiment.write_records(c.base.out, s.describe(**extra), records, COLUMNS)
   print(experiment.markdown_table(budgets, list(budgets[0])))
+  print(experiment.markdown_table(speed["best_measured"], BEST_COLUMNS))
   plot(records, c.base.out)
+  plot_allocation(records, c.base.out)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
 """How every benchmark measures: best-of-n wall time, greedy decode tokens/s with
-compile time apart, and peak resident memory of one phase of work."""
+compile time apart, where a decode's time goes, and peak resident memory of one
+phase of work."""
 
 from __future__ import annotations
 
+import glob
+import gzip
+import json
+import os
 import resource
+import tempfile
 import threading
 import time
 
@@ -76,3 +82,39 @@ class PeakMemory:
       self._thread.join()
       self.gb = max(self._peak, _rss_bytes()) / 1e9
     return False
+
+
+TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"  # per-op events on CPU; set before jax starts
+
+
+def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = None) -> dict:
+  """Where a decode's time goes, from a jax.profiler trace of one warm greedy decode of n
+  tokens: milliseconds per token in matrix products (XLA ops whose name holds "dot")
+  and in everything else, and the ops run per token.
+
+  On CPU, per-op events need XLA_FLAGS to hold TRACE_FLAG before jax starts; without
+  them the counts are empty and the result says so.
+  """
+  run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
+  run()  # compile and warm up outside the trace
+  folder = folder or tempfile.mkdtemp(prefix="gsi_jax_trace-")
+  t0 = time.perf_counter()
+  with jax.profiler.trace(folder):
+    run()
+  wall = time.perf_counter() - t0
+  files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+  events = json.load(gzip.open(files[-1]))["traceEvents"] if files else []
+  dot = other = ops = 0
+  for e in events:
+    name = e.get("name", "")
+    if e.get("ph") != "X" or name.startswith(("$", "end:", "while", "conditional", "call")) \
+        or any(mark in name for mark in ("Thunk", "::", "(", " ")):
+      continue  # Python frames, executor bookkeeping, host calls, control-flow containers
+    ops += 1
+    if "dot" in name:
+      dot += e.get("dur", 0)
+    else:
+      other += e.get("dur", 0)
+  return {"wall_ms_per_token": 1e3 * wall / n, "dot_ms_per_token": dot / 1e3 / n,
+          "other_ms_per_token": other / 1e3 / n, "ops_per_token": ops / n,
+          "per_op_events": bool(ops)}

@@ -3,14 +3,19 @@
   * static activation projection (ESPACE-style): GSI with mode "static";
   * static weight SVD, activation-aware (SVD-LLM's whitening): per map, the
     rank-r W_r minimising ||X W - X W_r|| over the calibration inputs X
-    (whitened_svds once, then svd_truncate per rank);
+    (whitened_svds once, then svd_truncate per rank), run as two thin maps;
   * magnitude activation sparsity (TEAL-style): per site, a threshold on |x|
     calibrated for a target sparsity; inputs below it are zeroed and their
-    rows of W need not be read.
+    rows of W are not read (at batch 1: `gsi_jax.ops.kept_rows_matmul`);
+  * LaRoSA-style rotated sparsity: the same, on the input rotated into its
+    site's full PCA basis Q (GSI's eigenbasis, all d columns), with kernels
+    Qᵀ W; Q itself is read at every token.
 Their bytes per decoded token come from `gsi_jax.metrics.bytes`.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,14 +47,22 @@ def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
 
 
 def svd_truncate(params, svds: dict, rank: int):
-  """Dense params with each kernel replaced by its whitened rank-r reconstruction
-  (the factored form's outputs), for quality; bytes: metrics.bytes.svd_bytes."""
+  """Params with each map at its whitened rank-r: two thin maps x A B, A (d, r) and
+  B (r, O), where r (d + O) < d O, else the kernel W_r = A B itself (so the model
+  reads what `metrics.bytes.svd_bytes` counts)."""
   if rank <= 0:
     raise GSIError(f"SVD rank must be positive, got {rank}")
   out = jax.tree.map(lambda x: x, params)
   for (layer, site, name), (unwhiten, US, Vt, dtype) in svds.items():
     r = min(rank, Vt.shape[0])
-    out[layer][site][P.KERNEL][name] = jnp.asarray(unwhiten @ (US[:, :r] @ Vt[:r]), dtype)
+    A, B = unwhiten @ US[:, :r], Vt[:r]
+    d, o = A.shape[0], B.shape[1]
+    node = out[layer][site]
+    if r * (d + o) < d * o:
+      node.setdefault(P.FACTOR_IN, {})[name] = jnp.asarray(A, dtype)
+      node.setdefault(P.FACTOR_OUT, {})[name] = jnp.asarray(B, dtype)
+    else:
+      node[P.KERNEL][name] = jnp.asarray(A @ B, dtype)
   return out
 
 
@@ -60,7 +73,12 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
   _, state = model.forward(params, windows_NT[:max_windows], None,
                            collections=(P.SITE_INPUTS,))
-  return {layer: {site: float(np.quantile(np.abs(np.asarray(x, np.float32)), sparsity))
+
+  def site_input(layer, site, x):  # a rotated site thresholds x Q
+    x = np.asarray(x, np.float32)
+    Q = params[layer][site].get(P.ROTATION)
+    return x if Q is None else x @ np.asarray(Q, np.float32)
+  return {layer: {site: float(np.quantile(np.abs(site_input(layer, site, x)), sparsity))
                   for site, x in sites.items()}
           for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items()}
 
@@ -71,4 +89,32 @@ def apply_sparsity(params, thresholds: dict):
   for layer, sites in thresholds.items():
     for site, t in sites.items():
       out = P.with_site(out, layer, site, {P.THRESHOLD: jnp.asarray(t, jnp.float32)})
+  return out
+
+
+def pca_bases(grams: dict, sites: Sequence[str]) -> dict:
+  """{layer: {site: Q (d, d)}}: each named site's full eigenbasis of its Gram
+  matrix, columns by descending eigenvalue (GSI's V_k is its first k columns)."""
+  out = {}
+  for layer, by_site in grams.items():
+    for site in sites:
+      if site in by_site:
+        G = np.asarray(by_site[site], np.float64)
+        _, Q = np.linalg.eigh((G + G.T) / 2)
+        out.setdefault(layer, {})[site] = Q[:, ::-1]
+  return out
+
+
+def apply_rotation(params, bases: dict):
+  """New params whose named sites read their input in the PCA basis: x Q, with
+  kernels Qᵀ W (the same outputs); sparsity thresholds then apply to x Q."""
+  out = params
+  for layer, sites in bases.items():
+    for site, Q in sites.items():
+      node = params[layer][site]
+      dtype = next(iter(node[P.KERNEL].values())).dtype
+      kernels = {n: jnp.asarray(Q.T @ np.asarray(W, np.float64), dtype)
+                 for n, W in node[P.KERNEL].items()}
+      out = P.with_site(out, layer, site, {P.ROTATION: jnp.asarray(Q, dtype),
+                                            P.KERNEL: kernels})
   return out

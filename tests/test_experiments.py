@@ -15,7 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_control",
            "depth_coherence", "calibration_cost", "storage_overhead", "theorem4_check", "pareto"]
 EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4",
-                    "--ladder=2", "--head_k=4", "--head_eps=0.5"]}
+                    "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
+                    "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
+                    "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
@@ -108,8 +110,15 @@ def check_pareto(records):
   assert {r["method"] for r in records} == set(_MODULES["pareto"].METHODS)
   for r in records:
     assert r["bytes_per_token"] > 0 and share(r["top1_agreement"]) and share(r["fast_share"])
+    assert r["tokens_per_s"] > 0 and r["measured_speedup"] > 0
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
+    if r["method"] in ("sparsity_learned", "gsi_learned"):
+      sites = {(layer, site) for layer, s in r["allocation"].items() for site in s}
+      assert sites == {(layer, site) for layer, s in r["kept_share_by_layer" if r["method"]
+                       == "sparsity_learned" else "fast_share_by_layer"].items() for site in s}
+      assert all(v > 0 for s in r["allocation"].values() for v in s.values())
+      assert len(r["learning"]) == 2 and "uniform_ppl_ratio_at_bytes" in r
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gptj", "opt"])

@@ -81,9 +81,10 @@ def itemsize(params) -> int:
 
 
 def sparsity_bytes(params, kept_share_by_layer: dict, head_fast_share: float | None) -> float:
-  """Magnitude sparsity: kept inputs' rows of every site, one threshold per site, and
-  the head as it ran (dense, or gated)."""
+  """Magnitude sparsity: kept inputs' rows of every site, one threshold per site, a
+  rotated site's basis, and the head as it ran (dense, or gated)."""
   lin = sum(sparse_map_elements(d, o, kept_share_by_layer.get(layer, {}).get(site, 1.0))
+            + (d * d if P.ROTATION in params[layer][site] else 0)  # LaRoSA reads Q (d, d)
             for layer, site, d, o in P.site_shapes(params))
   return (lin + other_elements(params) + head_elements(params, head_fast_share)) \
       * itemsize(params)

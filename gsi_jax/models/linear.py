@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.models import params as P
-from gsi_jax.ops import Gate, GatedWeights, gated_linear
+from gsi_jax.ops import (Gate, GatedWeights, gated_linear, kept_rows_matmul, soft_keep,
+                         straight_through)
 
 
 def add_bias(y_BTO: jax.Array, b_O: jax.Array) -> jax.Array:
@@ -33,9 +34,32 @@ def gated_weights(module: nn.Module, W: list, W_transposed: bool = False) -> Gat
 
 
 class LinearSite(nn.Module):
-  """All maps reading one input; dense or GSI depending on the parameters."""
+  """All maps reading one input; dense or GSI depending on the parameters.
+
+  Peers rewrite the same site: a threshold sparsifies the input (at batch 1
+  under gate.batch1_switch, only the kept rows of each W are read), a rotation
+  first turns the input into the PCA basis (LaRoSA), and factors replace a
+  map by two thin ones (weight SVD).
+  """
   outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias)
   dtype: Any = jnp.float32
+
+  def _get(self, key):
+    return self.get_variable("params", key) if self.has_variable("params", key) else None
+
+  def _sparse(self, x_BTD, threshold, Ws, gate: Gate | None):
+    """Magnitude sparsity: the inputs below the threshold are dropped."""
+    keep_BTD = jnp.abs(x_BTD) >= threshold
+    if gate is not None and gate.mode == "soft":
+      keep_BTD = straight_through(keep_BTD, soft_keep(x_BTD, threshold))
+      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1))
+      return [(x_BTD * keep_BTD.astype(x_BTD.dtype)) @ W for W in Ws]
+    self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
+    if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+      ys = kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)
+      return [y.reshape(1, 1, -1) for y in ys]
+    x_BTD = jnp.where(keep_BTD, x_BTD, 0)
+    return [x_BTD @ W for W in Ws]
 
   @nn.compact
   def __call__(self, x_BTD: jax.Array, gate: Gate | None) -> dict[str, jax.Array]:
@@ -45,16 +69,24 @@ class LinearSite(nn.Module):
         n: init(jax.random.fold_in(key, i), (d, o), self.dtype)
         for i, (n, o, _) in enumerate(self.outputs)})
     self.sow(P.SITE_INPUTS, "x", x_BTD)  # calibration reads every site's input
-    if self.has_variable("params", P.THRESHOLD):  # magnitude sparsity (a GSI peer)
-      keep_BTD = jnp.abs(x_BTD) >= self.get_variable("params", P.THRESHOLD)
-      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
-      x_BTD = jnp.where(keep_BTD, x_BTD, 0)
-    names = sorted(kernel)  # M/{map} is keyed alike
-    if gate is None or gate.mode == "dense" or not self.has_variable("params", P.V):
-      ys = [x_BTD @ kernel[n] for n in names]
+    names = sorted(kernel)  # M/{map} and the factors are keyed alike
+    if (rotation := self._get(P.ROTATION)) is not None:
+      x_BTD = x_BTD @ rotation
+    threshold = self._get(P.THRESHOLD)
+    gated = gate is not None and gate.mode != "dense" and self.has_variable("params", P.V)
+    if threshold is not None and not gated:
+      ys = self._sparse(x_BTD, threshold, [kernel[n] for n in names], gate)
+    elif not gated:
+      factor_in, factor_out = self._get(P.FACTOR_IN) or {}, self._get(P.FACTOR_OUT) or {}
+      ys = [(x_BTD @ factor_in[n]) @ factor_out[n] if n in factor_in else x_BTD @ kernel[n]
+            for n in names]
     else:
+      if threshold is not None:
+        x_BTD = jnp.where(jnp.abs(x_BTD) >= threshold, x_BTD, 0)
+      eps = self._get(P.EPS)
       ys, fast_BT, rank_BT = gated_linear(
-          x_BTD, gated_weights(self, [kernel[n] for n in names]), gate.eps, gate)
+          x_BTD, gated_weights(self, [kernel[n] for n in names]),
+          gate.eps if eps is None else eps, gate)
       self.sow("gate_stats", "fast", fast_BT)
       self.sow("gate_stats", "rank", rank_BT)  # V columns read (the ladder's bytes)
     biased = {n: o for n, o, has_bias in self.outputs if has_bias}

@@ -38,8 +38,8 @@ def _forward(module, params, ids_BT, gate, collections=()):
 def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
   """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts.
 
-  The loop ends early once every row has produced one of eos_ids (empty: never);
-  a finished row repeats its end-of-sequence token.
+  The loop ends early once every row has produced one of eos_ids (empty or
+  negative: never); a finished row repeats its end-of-sequence token.
   """
   B, T = ids_BT.shape
   dtype = jax.tree.leaves(params["embed"])[0].dtype
@@ -127,7 +127,9 @@ class Model:
       raise GSIError(f"generate takes a (batch, tokens) prompt of at least one token, "
                      f"got shape {ids.shape}")
     self.check_length(ids.shape[1] + int(max_new_tokens), "prompt plus new tokens")
-    eos = jnp.asarray(self.eos_ids if stop_at_eos else (), jnp.int32)
+    # Never-matching ids of the same shape: decoding with and without the stop shares
+    # one compiled program.
+    eos = jnp.asarray(self.eos_ids if stop_at_eos else (-1,) * len(self.eos_ids), jnp.int32)
     new, steps, counts = _generate(self.module, params, ids, gate, int(max_new_tokens), eos)
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:

@@ -8,19 +8,26 @@ Sites: attn_in (q, k, v; GPT-J's fc_in too), attn_out (o), mlp_in (fc_in, or
 gate and up), mlp_out (fc_out or down).  GSI adds to a site (or to the LM head)
   V: the basis V_k (d, k);  M/{map}: V_kᵀ W (k, O);
 and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
-ranks);  a peer adds  threshold (magnitude sparsity).
+ranks),  eps (a site's own gate threshold, learned: `gsi_jax.allocation`).
+Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
+site's input is rotated into its PCA basis, and its kernels are Qᵀ W), and
+factor_in/{map} (d, r), factor_out/{map} (r, O) (weight SVD as two thin maps).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 KERNEL, BIAS = "kernel", "bias"
 V, M = "V", "M"
 SKETCH, SKETCH_M, LADDER = "sketch", "sketch_M", "ladder"
-THRESHOLD = "threshold"
-GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER)
-REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, THRESHOLD)  # not split along outputs
+EPS = "eps"
+THRESHOLD, ROTATION = "threshold", "rotation"
+FACTOR_IN, FACTOR_OUT = "factor_in", "factor_out"
+GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER, EPS)
+# Not split along outputs.
+REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, EPS, THRESHOLD, ROTATION, FACTOR_IN)
 LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
 HEAD_MAP = "logits"  # the LM head's one map, under M/
 SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"

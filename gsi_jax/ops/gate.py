@@ -15,7 +15,9 @@ import jax.numpy as jnp
 
 from gsi_jax.errors import GSIError
 
-MODES = ("gated", "static", "dense")
+MODES = ("gated", "static", "dense", "soft")
+# Widths of the smooth gates, in units of ρ² (GSI) and of the threshold (sparsity).
+SOFT_GATE_WIDTH, SOFT_KEEP_WIDTH = 0.01, 0.1
 IMPLS = ("xla", "pallas", "auto")
 
 
@@ -25,8 +27,10 @@ class Gate:
 
   eps and head_eps are traced, so sweeping them does not recompile; the rest
   is static.  head_eps gates a GSI LM head (None: eps).
-  mode: "gated" (the paper), "static" (always M g: the negative control) or
-  "dense" (ignore the bases).
+  mode: "gated" (the paper), "static" (always M g: the negative control),
+  "dense" (ignore the bases) or "soft" (for learning per-site budgets,
+  `gsi_jax.allocation`: the hard gate and threshold in the forward pass, with
+  the gradients of their smooth versions `soft_fast` and `soft_keep`).
   impl: "xla" (a masked select; with batch1_switch a lax.switch that runs only
   the branch the gate picks) or "pallas" (the kernel reads M's or W's tiles
   only as the gate requires; Triton on GPU, interpret mode elsewhere).
@@ -81,6 +85,23 @@ def gate_mask(x_BTD: jax.Array, g_BTK: jax.Array, eps) -> jax.Array:
   """ρ < ε per token, as ‖r‖² < ε² ‖x‖² (and never at ε = 0)."""
   xx, rr = residual_energy(x_BTD, g_BTK)
   return (rr < jnp.square(eps) * xx) & (eps > 0)
+
+
+def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
+  """The hard value forward, the soft one's gradient backward."""
+  return hard.astype(soft.dtype) + soft - jax.lax.stop_gradient(soft)
+
+
+def soft_fast(x_BTD: jax.Array, g_BTK: jax.Array, eps) -> jax.Array:
+  """A smooth ρ < ε in (0, 1): σ((ε² − ρ²) / SOFT_GATE_WIDTH); differentiable in ε."""
+  xx, rr = residual_energy(x_BTD, g_BTK)
+  return jax.nn.sigmoid((jnp.square(eps) - rr / jnp.maximum(xx, 1e-30)) / SOFT_GATE_WIDTH)
+
+
+def soft_keep(x_BTD: jax.Array, threshold) -> jax.Array:
+  """A smooth |x| >= t in (0, 1): σ((|x| − t) / (SOFT_KEEP_WIDTH · t)); differentiable in t."""
+  t = jnp.maximum(threshold, 1e-12)
+  return jax.nn.sigmoid((jnp.abs(x_BTD.astype(jnp.float32)) - t) / (SOFT_KEEP_WIDTH * t))
 
 
 def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps) -> jax.Array:

@@ -24,7 +24,8 @@ from jax import lax
 
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
-from gsi_jax.ops.gate import Gate, gate_mask, ladder_ranks, output_gate_mask
+from gsi_jax.ops.gate import (Gate, gate_mask, ladder_ranks, output_gate_mask, soft_fast,
+                              straight_through)
 
 
 class GatedWeights(NamedTuple):
@@ -58,10 +59,20 @@ def _pallas(x_BTD, g_BTK, fast_BT, weights: GatedWeights):
 
 def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: Gate):
   """Outputs per map (in weights.W's order), the fast mask (B, T) and the rank each
-  token used (B, T): k, or the ladder rung it stopped at."""
+  token used (B, T): k, or the ladder rung it stopped at.  In mode "soft" the mask
+  is the hard one forward and `soft_fast`'s backward (a float), and the outputs mix
+  both products by it."""
   g_BTK = x_BTD @ weights.V
   k = weights.V.shape[1]
   rank_BT = jnp.full(x_BTD.shape[:-1], k, jnp.int32)
+  if gate.mode == "soft":
+    if weights.rungs is not None or weights.sketch is not None:
+      raise GSIError("the soft gate learns the plain ρ < ε gate only")
+    hard_BT = gate_mask(x_BTD, g_BTK, eps)
+    w_BT1 = straight_through(hard_BT, soft_fast(x_BTD, g_BTK, eps))[..., None]
+    ys = [w_BT1 * (g_BTK @ M) + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
+          for W, M in zip(weights.W, weights.M)]
+    return ys, w_BT1[..., 0], rank_BT
   if gate.mode == "static":
     fast_BT = jnp.ones(x_BTD.shape[:-1], bool)
   elif weights.rungs is not None:

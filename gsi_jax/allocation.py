@@ -1,0 +1,154 @@
+"""Per-site budgets learned with optax: ε per GSI site, or a threshold per sparse site.
+
+Every method otherwise spends its budget uniformly (one ε, one sparsity level
+for every site), although sites differ widely.  Here the hard gate (or
+threshold) is relaxed into a smooth one (Gate mode "soft"), and
+
+    KL(dense ‖ method) + λ · (expected bytes per token / dense bytes − budget)²
+
+is minimised over the per-site knobs (in log space) with Adam, on calibration
+windows: the penalty holds the byte budget while KL moves bytes between sites.  The learned values are then written into the tree as hard knobs
+(`P.EPS` or `P.THRESHOLD` per site) and evaluated like any other method.
+Expected bytes come from `gsi_jax.metrics.bytes`, the one byte formula, fed
+the soft gates' mean shares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from gsi_jax.errors import GSIError
+from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.models import params as P
+from gsi_jax.models.model import _forward
+from gsi_jax.ops import make_gate
+
+KNOBS = (P.EPS, P.THRESHOLD)  # GSI's gate threshold, magnitude sparsity's input threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class AllocationConfig:
+  """budget: the bytes fraction to hold; lam: the penalty on leaving it (nats of KL
+  per token per squared fraction)."""
+  budget: float
+  lam: float = 100.0
+  steps: int = 24
+  learning_rate: float = 0.05
+  batch_windows: int = 4
+  seq_len: int = 128
+  seed: int = 0
+
+  def __post_init__(self):
+    if not self.lam >= 0:
+      raise GSIError(f"the byte penalty lambda must be >= 0, got {self.lam}")
+    if not self.budget > 0:
+      raise GSIError(f"the bytes budget must be > 0, got {self.budget}")
+    for name in ("steps", "batch_windows", "seq_len"):
+      if getattr(self, name) < 1:
+        raise GSIError(f"allocation {name} must be >= 1, got {getattr(self, name)}")
+    if not self.learning_rate > 0:
+      raise GSIError(f"allocation learning_rate must be > 0, got {self.learning_rate}")
+
+
+def floored(values: dict, floor: float = 1e-6) -> dict:
+  """Knob values raised to at least `floor`, so that log space can hold them: a
+  threshold of 0 (a ReLU site's many exact zeros) becomes one that drops only
+  inputs that add nothing, or nearly nothing."""
+  return jax.tree.map(lambda v: max(float(v), floor), values)
+
+
+def with_knobs(params, knob: str, values: dict):
+  """A new tree with {layer: {site: value}} written as each site's knob."""
+  out = params
+  for layer, sites in values.items():
+    for site, v in sites.items():
+      out = P.with_site(out, layer, site, {knob: jnp.asarray(v, jnp.float32)})
+  return out
+
+
+def expected_bytes(params, knob: str, stats) -> jax.Array:
+  """Bytes per token at the soft gates' mean shares (differentiable)."""
+  if knob == P.EPS:
+    share = {layer: {site: jnp.mean(v["fast"][0]) for site, v in sites.items()}
+             for layer, sites in stats["gate_stats"].items()}
+    return mbytes.byte_accounting(params, share)["bytes_per_token"]
+  kept = {layer: {site: jnp.mean(v["kept"][0]) for site, v in sites.items()}
+          for layer, sites in stats["sparsity_stats"].items()}
+  return mbytes.sparsity_bytes(params, kept, None)
+
+
+@functools.partial(jax.jit, static_argnames=("module", "knob"))
+def _loss_and_grad(module, params, log_values, ids_BT, dense_logp_BTV, knob, lam, budget,
+                   dense_bytes):
+  def loss(log_values):
+    p = with_knobs(params, knob, jax.tree.map(jnp.exp, log_values))
+    logits, stats = _forward(module, p, ids_BT, make_gate(0.0, "soft"),
+                             ("gate_stats", "sparsity_stats"))
+    logp = jax.nn.log_softmax(logits, -1)
+    kl = jnp.mean(jnp.sum(jnp.exp(dense_logp_BTV) * (dense_logp_BTV - logp), -1))
+    fraction = expected_bytes(p, knob, stats) / dense_bytes
+    return kl + lam * jnp.square(fraction - budget), (kl, fraction)
+  return jax.value_and_grad(loss, has_aux=True)(log_values)
+
+
+def learn_allocation(model, params, knob: str, init: dict, windows_NT: np.ndarray,
+                     config: AllocationConfig, progress: bool = True):
+  """Learned {layer: {site: value}} for `knob`, starting from `init`, and the history
+  of (step, loss, KL, expected bytes fraction).
+
+  params must already carry what the knob gates: V_k and M for P.EPS, and for
+  P.THRESHOLD nothing more (the thresholds are added here)."""
+  if knob not in KNOBS:
+    raise GSIError(f"allocation knob {knob!r} is not one of {KNOBS}")
+  if any(not v > 0 for sites in init.values() for v in sites.values()):
+    raise GSIError("allocation starts from positive knob values only (see `floored`)")
+  windows = np.asarray(windows_NT)[:, :config.seq_len]
+  rng = np.random.default_rng(config.seed)
+  dense_bytes = mbytes.dense_bytes(params)
+  log_values = jax.tree.map(lambda v: jnp.log(jnp.float32(v)), init)
+  optimizer = optax.adam(config.learning_rate)
+  state = optimizer.init(log_values)
+  history, t0 = [], time.perf_counter()
+  for step in range(config.steps):
+    ids = jnp.asarray(windows[rng.choice(len(windows), config.batch_windows, replace=False)])
+    dense_logp = jax.nn.log_softmax(model.logits(P.dense_params(params), ids), -1)
+    (loss, (kl, fraction)), grads = _loss_and_grad(
+        model.module, params, log_values, ids, dense_logp, knob, config.lam, config.budget,
+        dense_bytes)
+    updates, state = optimizer.update(grads, state)
+    log_values = optax.apply_updates(log_values, updates)
+    history.append({"step": step, "loss": float(loss), "kl": float(kl),
+                    "bytes_fraction": float(fraction)})
+    if progress and (step % 8 == 0 or step == config.steps - 1):
+      logging.info("allocation %s budget %.3f step %d/%d: KL %.4f, bytes %.3f (%.0f s)", knob,
+                   config.budget, step + 1, config.steps, float(kl), float(fraction),
+                   time.perf_counter() - t0)
+  learned = jax.tree.map(lambda v: float(jnp.exp(v)), log_values)
+  return learned, history
+
+
+def scale_to_budget(values: dict, bytes_fraction, target: float, iterations: int = 10) -> dict:
+  """The learned values times one common factor c, found by bisection on log c, such
+  that bytes_fraction(values · c) (hard, measured on calibration text) meets target.
+
+  Learning sets the shape of the allocation; this sets its budget, so that a
+  learned allocation is compared with a uniform one at matched bytes.  Larger
+  knobs (ε, or a threshold) read fewer bytes.
+  """
+  lo, hi = -3.0, 3.0
+  scaled = lambda log_c: jax.tree.map(lambda v: v * float(np.exp(log_c)), values)
+  for _ in range(iterations):
+    mid = (lo + hi) / 2
+    if bytes_fraction(scaled(mid)) > target:
+      lo = mid
+    else:
+      hi = mid
+  return scaled(hi)  # the side that meets the budget

@@ -1,0 +1,86 @@
+"""Learned per-site budgets: the straight-through gate, per-site knobs, the budget search."""
+
+import jax
+import numpy as np
+import pytest
+
+import gsi_jax
+from gsi_jax import GSIError, allocation, make_gate, peers
+from gsi_jax.models import params as P
+
+RNG = np.random.default_rng(2)
+CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_folder):
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=24, seq_len=16, progress=False)
+  return model, gsi_jax.apply_gsi(model.params, bases, 24)
+
+
+def per_site(params, value):
+  return {layer: {site: value for site in sites} for layer, sites in P.site_kernels(params).items()}
+
+
+def test_soft_mode_computes_the_hard_model(llama):
+  """Straight-through: the forward pass of the soft gate is the hard one."""
+  model, gsi = llama
+  thresholds = peers.sparsity_thresholds(model, model.params, CALIB, 0.5)
+  sparse = peers.apply_sparsity(model.params, thresholds)
+  np.testing.assert_allclose(np.asarray(model.logits(sparse, CALIB[:2], make_gate(0.0, "soft"))),
+                             np.asarray(model.logits(sparse, CALIB[:2])), atol=1e-5)
+  eps = allocation.with_knobs(gsi, P.EPS, per_site(gsi, 0.4))
+  np.testing.assert_allclose(np.asarray(model.logits(eps, CALIB[:2], make_gate(0.0, "soft"))),
+                             np.asarray(model.logits(gsi, CALIB[:2], make_gate(0.4))), atol=1e-5)
+
+
+def test_site_eps_overrides_the_gate(llama):
+  model, gsi = llama
+  values = per_site(gsi, 0.0)
+  values["layer_0"]["mlp_out"] = 10.0  # one site always fast, the rest never
+  _, state = model.forward(allocation.with_knobs(gsi, P.EPS, values), CALIB[:2], make_gate(0.5))
+  fast = {(layer, site): float(np.mean(v["fast"][0]))
+          for layer, sites in state["gate_stats"].items() for site, v in sites.items()}
+  assert fast.pop(("layer_0", "mlp_out")) == 1.0
+  assert set(fast.values()) == {0.0}
+
+
+@pytest.mark.parametrize("knob", [P.THRESHOLD, P.EPS])
+def test_learning_moves_every_knob_and_keeps_the_budget_term(llama, knob):
+  model, gsi = llama
+  if knob == P.THRESHOLD:
+    params, init = model.params, allocation.floored(
+        peers.sparsity_thresholds(model, model.params, CALIB, 0.5))
+  else:
+    params, init = gsi, per_site(gsi, 0.4)
+  config = allocation.AllocationConfig(budget=0.5, steps=3, batch_windows=2, seq_len=16)
+  learned, history = allocation.learn_allocation(model, params, knob, init, CALIB, config,
+                                                 progress=False)
+  assert [h["step"] for h in history] == [0, 1, 2]
+  assert all(h["loss"] >= h["kl"] >= -1e-6 and 0 < h["bytes_fraction"] for h in history)
+  assert jax.tree.structure(learned) == jax.tree.structure(init)
+  moved = np.array([abs(np.log(learned[l][s] / init[l][s])) for l in init for s in init[l]])
+  assert np.mean(moved > 1e-4) > 0.5  # Adam moves the knobs that have a gradient
+
+
+def test_scale_to_budget_meets_the_target():
+  values = {"layer_0": {"attn_in": 1.0, "mlp_in": 4.0}}
+  cost = lambda v: 1.0 / (1.0 + v["layer_0"]["attn_in"] + v["layer_0"]["mlp_in"])
+  scaled = allocation.scale_to_budget(values, cost, 0.1, iterations=30)
+  assert cost(scaled) <= 0.1 and cost(scaled) == pytest.approx(0.1, rel=1e-3)
+  assert scaled["layer_0"]["mlp_in"] / scaled["layer_0"]["attn_in"] == pytest.approx(4.0)
+
+
+def test_bad_allocation_input(llama):
+  model, gsi = llama
+  with pytest.raises(GSIError, match="budget must be > 0"):
+    allocation.AllocationConfig(budget=0.0)
+  with pytest.raises(GSIError, match="steps must be >= 1"):
+    allocation.AllocationConfig(budget=0.5, steps=0)
+  config = allocation.AllocationConfig(budget=0.5, steps=1)
+  with pytest.raises(GSIError, match="knob 'rank' is not one of"):
+    allocation.learn_allocation(model, gsi, "rank", per_site(gsi, 0.4), CALIB, config)
+  with pytest.raises(GSIError, match="positive knob values only"):
+    allocation.learn_allocation(model, gsi, P.EPS, per_site(gsi, 0.0), CALIB, config)
+  assert allocation.floored({"a": {"b": 0.0}}) == {"a": {"b": 1e-6}}

@@ -1,0 +1,126 @@
+"""Every pareto method's batch-1 fast decode path against its evaluation path, on a tiny model.
+
+The fast paths read fewer bytes (the batch-1 switch, kept rows only, two thin
+maps); the evaluation paths compute the same function by masking.  Both must
+give the same greedy tokens.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gsi_jax
+from gsi_jax import make_gate, metrics, peers
+from gsi_jax.gsi import calibration
+from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.models import params as P
+from gsi_jax.ops import kept_rows_matmul
+from gsi_jax.ops.sparse_rows import bucket_sizes
+
+RNG = np.random.default_rng(1)
+CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
+PROMPT = CALIB[:1, :5]
+NEW = 10
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_folder):
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  grams = calibration.gram_matrices(model, model.params, CALIB, progress=False)
+  return model, grams
+
+
+def generate(model, params, gate=None):
+  return np.asarray(model.generate(params, PROMPT, NEW, gate, stop_at_eos=False))
+
+
+@pytest.mark.parametrize("kept", [0, 1, 7, 8, 9, 31, 48])
+def test_kept_rows_matmul_is_the_masked_product(kept):
+  d = 48
+  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
+  keep = jnp.zeros(d, bool).at[RNG.permutation(d)[:kept]].set(True)
+  Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in (5, 17)]
+  for y, W in zip(kept_rows_matmul(x, keep, Ws), Ws):
+    np.testing.assert_allclose(np.asarray(y), np.asarray(jnp.where(keep, x, 0) @ W),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_bucket_sizes_cover_every_count():
+  assert bucket_sizes(48) == (6, 12, 18, 24, 30, 36, 42, 48)
+  assert bucket_sizes(5) == (1, 2, 3, 4, 5)
+
+
+def test_sparsity_fast_path_decodes_the_same_tokens(llama):
+  model, _ = llama
+  for target in (0.3, 0.7):
+    params = peers.apply_sparsity(
+        model.params, peers.sparsity_thresholds(model, model.params, CALIB, target))
+    np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
+                                  generate(model, params))
+
+
+def test_larosa_rotation_keeps_outputs_and_fast_path_agrees(llama):
+  model, grams = llama
+  Q = peers.pca_bases(grams, ("attn_in", "mlp_in"))
+  rotated = peers.apply_rotation(model.params, Q)
+  np.testing.assert_allclose(np.asarray(model.logits(rotated, CALIB[:2])),
+                             np.asarray(model.logits(model.params, CALIB[:2])), atol=1e-4)
+  params = peers.apply_sparsity(rotated, peers.sparsity_thresholds(model, rotated, CALIB, 0.5))
+  scores = metrics.score(model, params, CALIB)
+  kept = scores["kept_share_by_layer"]["layer_0"]
+  assert abs(kept["mlp_in"] - 0.5) < 0.05  # thresholds calibrated on x Q
+  np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
+                                generate(model, params))
+  plain = mbytes.sparsity_bytes(params, scores["kept_share_by_layer"], None)
+  d = params["layer_0"]["mlp_in"][P.ROTATION].shape[0]
+  no_rotation = {layer: {site: {k: v for k, v in node.items() if k != P.ROTATION}
+                         if isinstance(node, dict) else node for site, node in sites.items()}
+                 if P.is_layer(layer) else sites for layer, sites in params.items()}
+  n_rotated = 2 * len(P.layers(params))
+  assert plain - mbytes.sparsity_bytes(no_rotation, scores["kept_share_by_layer"], None) \
+      == pytest.approx(n_rotated * d * d * 4)  # each rotated site reads its Q (float32)
+
+
+def test_svd_runs_as_two_thin_maps_where_that_is_cheaper(llama):
+  model, grams = llama
+  svds = peers.whitened_svds(model.params, grams)
+  low = peers.svd_truncate(model.params, svds, 4)
+  node = low["layer_0"]["mlp_in"]
+  assert node[P.FACTOR_IN]["up"].shape[1] == 4 and node[P.FACTOR_OUT]["up"].shape[0] == 4
+  # The reconstructed kernel computes what the two thin maps compute.
+  rebuilt = jax_tree_rebuild(low)
+  np.testing.assert_allclose(np.asarray(model.logits(low, CALIB[:2])),
+                             np.asarray(model.logits(rebuilt, CALIB[:2])), atol=1e-4)
+  np.testing.assert_array_equal(generate(model, low), generate(model, rebuilt))
+  # A rank that would not save bytes is kept as one (rank-r) kernel.
+  high = peers.svd_truncate(model.params, svds, 40)
+  assert P.FACTOR_IN not in high["layer_0"]["attn_out"]
+
+
+def jax_tree_rebuild(params):
+  """The same tree with every factored map rebuilt as one kernel A B."""
+  out = dict(params)
+  for layer, sites in P.site_kernels(params).items():
+    out[layer] = dict(out[layer])
+    for site in sites:
+      node = dict(out[layer][site])
+      factor_in, factor_out = node.pop(P.FACTOR_IN, {}), node.pop(P.FACTOR_OUT, {})
+      node[P.KERNEL] = {n: factor_in[n] @ factor_out[n] if n in factor_in else W
+                        for n, W in node[P.KERNEL].items()}
+      out[layer][site] = node
+  return out
+
+
+def test_gsi_and_head_switch_decode_the_same_tokens(llama):
+  model, _ = llama
+  bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=24, seq_len=16, progress=False)
+  params = gsi_jax.apply_gsi(model.params, bases, 24)
+  for eps in (0.3, 0.6):
+    np.testing.assert_array_equal(generate(model, params, make_gate(eps, batch1_switch=True)),
+                                  generate(model, params, make_gate(eps)))
+  V_head, _, _ = gsi_jax.head_basis(model, model.params, CALIB, 24)
+  head = gsi_jax.apply_gsi_head(model.params, V_head, 24)
+  gate = dict(head_eps=0.6)
+  np.testing.assert_array_equal(
+      generate(model, head, make_gate(0.0, batch1_switch=True, **gate)),
+      generate(model, head, make_gate(0.0, **gate)))
