@@ -304,7 +304,8 @@ def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebu
                    bytes_of):
   """Learn `knob` per site from `init`, scale the allocation to the uniform one's bytes
   on calibration text, and evaluate it hard.  rebuild(values) -> params."""
-  budget = ev.calib_bytes_fraction(rebuild(init), gate, bytes_of(rebuild(init)))
+  uniform = rebuild(init)
+  budget = ev.calib_bytes_fraction(uniform, gate, bytes_of(uniform))
   learned, history = allocation.learn_allocation(
       ev.model, params, knob, init, ev.s.calib.ids,
       allocation.AllocationConfig(budget=budget, lam=c.learned_lambda, steps=c.learned_steps))
@@ -326,7 +327,7 @@ def sweep_learned(ev, c: ParetoConfig, thresholds: dict) -> list[dict]:
   release_executables()
   k = max(c.base.k)
   gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
-  rebuild = lambda v: allocation.with_knobs(gsi_params, P.EPS, v)
+  rebuild = lambda v: P.with_site_values(gsi_params, P.EPS, v)
   gate = gsi_jax.make_gate(0.0, impl=c.base.impl)  # every site's own ε overrides it
   for eps in c.learned_eps:
     init = {layer: {site: eps for site in sites} for layer, sites in P.site_kernels(base).items()}

@@ -1,16 +1,17 @@
 """Per-site budgets learned with optax: ε per GSI site, or a threshold per sparse site.
 
 Every method otherwise spends its budget uniformly (one ε, one sparsity level
-for every site), although sites differ widely.  Here the hard gate (or
-threshold) is relaxed into a smooth one (Gate mode "soft"), and
+for every site), although sites differ widely.  Here
 
     KL(dense ‖ method) + λ · (expected bytes per token / dense bytes − budget)²
 
 is minimised over the per-site knobs (in log space) with Adam, on calibration
-windows: the penalty holds the byte budget while KL moves bytes between sites.  The learned values are then written into the tree as hard knobs
-(`P.EPS` or `P.THRESHOLD` per site) and evaluated like any other method.
-Expected bytes come from `gsi_jax.metrics.bytes`, the one byte formula, fed
-the soft gates' mean shares.
+windows: the penalty holds the byte budget while KL moves bytes between sites.
+Gate mode "soft" runs the hard gate (or threshold) forward and a smooth one's
+gradient backward, so the KL is the hard model's.  The learned values are
+written into the tree as hard knobs (`P.EPS` or `P.THRESHOLD` per site) and
+evaluated like any other method.  Expected bytes come from
+`gsi_jax.metrics.bytes`, the one byte formula, fed the gates' mean shares.
 """
 
 from __future__ import annotations
@@ -65,15 +66,6 @@ def floored(values: dict, floor: float = 1e-6) -> dict:
   return jax.tree.map(lambda v: max(float(v), floor), values)
 
 
-def with_knobs(params, knob: str, values: dict):
-  """A new tree with {layer: {site: value}} written as each site's knob."""
-  out = params
-  for layer, sites in values.items():
-    for site, v in sites.items():
-      out = P.with_site(out, layer, site, {knob: jnp.asarray(v, jnp.float32)})
-  return out
-
-
 def expected_bytes(params, knob: str, stats) -> jax.Array:
   """Bytes per token at the soft gates' mean shares (differentiable)."""
   if knob == P.EPS:
@@ -89,7 +81,7 @@ def expected_bytes(params, knob: str, stats) -> jax.Array:
 def _loss_and_grad(module, params, log_values, ids_BT, dense_logp_BTV, knob, lam, budget,
                    dense_bytes):
   def loss(log_values):
-    p = with_knobs(params, knob, jax.tree.map(jnp.exp, log_values))
+    p = P.with_site_values(params, knob, jax.tree.map(jnp.exp, log_values))
     logits, stats = _forward(module, p, ids_BT, make_gate(0.0, "soft"),
                              ("gate_stats", "sparsity_stats"))
     logp = jax.nn.log_softmax(logits, -1)

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
+from gsi_jax.gsi import solvers
+from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 
 
@@ -58,7 +60,7 @@ def svd_truncate(params, svds: dict, rank: int):
     A, B = unwhiten @ US[:, :r], Vt[:r]
     d, o = A.shape[0], B.shape[1]
     node = out[layer][site]
-    if r * (d + o) < d * o:
+    if mbytes.svd_map_elements(d, o, r) < d * o:  # the two thin maps read fewer bytes
       node.setdefault(P.FACTOR_IN, {})[name] = jnp.asarray(A, dtype)
       node.setdefault(P.FACTOR_OUT, {})[name] = jnp.asarray(B, dtype)
     else:
@@ -85,11 +87,7 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
 
 def apply_sparsity(params, thresholds: dict):
   """New params whose sites zero inputs below their threshold."""
-  out = params
-  for layer, sites in thresholds.items():
-    for site, t in sites.items():
-      out = P.with_site(out, layer, site, {P.THRESHOLD: jnp.asarray(t, jnp.float32)})
-  return out
+  return P.with_site_values(params, P.THRESHOLD, thresholds)
 
 
 def pca_bases(grams: dict, sites: Sequence[str]) -> dict:
@@ -100,8 +98,7 @@ def pca_bases(grams: dict, sites: Sequence[str]) -> dict:
     for site in sites:
       if site in by_site:
         G = np.asarray(by_site[site], np.float64)
-        _, Q = np.linalg.eigh((G + G.T) / 2)
-        out.setdefault(layer, {})[site] = Q[:, ::-1]
+        out.setdefault(layer, {})[site] = solvers.top_eigenpairs((G + G.T) / 2, len(G))[1]
   return out
 
 

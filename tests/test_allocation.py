@@ -30,7 +30,7 @@ def test_soft_mode_computes_the_hard_model(llama):
   sparse = peers.apply_sparsity(model.params, thresholds)
   np.testing.assert_allclose(np.asarray(model.logits(sparse, CALIB[:2], make_gate(0.0, "soft"))),
                              np.asarray(model.logits(sparse, CALIB[:2])), atol=1e-5)
-  eps = allocation.with_knobs(gsi, P.EPS, per_site(gsi, 0.4))
+  eps = P.with_site_values(gsi, P.EPS, per_site(gsi, 0.4))
   np.testing.assert_allclose(np.asarray(model.logits(eps, CALIB[:2], make_gate(0.0, "soft"))),
                              np.asarray(model.logits(gsi, CALIB[:2], make_gate(0.4))), atol=1e-5)
 
@@ -39,7 +39,7 @@ def test_site_eps_overrides_the_gate(llama):
   model, gsi = llama
   values = per_site(gsi, 0.0)
   values["layer_0"]["mlp_out"] = 10.0  # one site always fast, the rest never
-  _, state = model.forward(allocation.with_knobs(gsi, P.EPS, values), CALIB[:2], make_gate(0.5))
+  _, state = model.forward(P.with_site_values(gsi, P.EPS, values), CALIB[:2], make_gate(0.5))
   fast = {(layer, site): float(np.mean(v["fast"][0]))
           for layer, sites in state["gate_stats"].items() for site, v in sites.items()}
   assert fast.pop(("layer_0", "mlp_out")) == 1.0

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax.numpy as jnp
+
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 KERNEL, BIAS = "kernel", "bias"
 V, M = "V", "M"
@@ -104,6 +106,16 @@ def has_gsi(node) -> bool:
 def with_site(params, layer: str, site: str, extra: dict):
   """A new tree whose site holds `extra` beside what it had (others shared)."""
   return {**params, layer: {**params[layer], site: {**params[layer][site], **extra}}}
+
+
+def with_site_values(params, key: str, values: dict):
+  """A new tree with {layer: {site: value}} written under `key` at each site (a
+  sparsity threshold, a learned ε)."""
+  out = params
+  for layer, sites in values.items():
+    for site, v in sites.items():
+      out = with_site(out, layer, site, {key: jnp.asarray(v, jnp.float32)})
+  return out
 
 
 def dense_params(params):
