@@ -1,4 +1,5 @@
-"""The Pallas gated matmul against its pure-JAX reference, and the gated-linear op's gate."""
+"""The Pallas gated matmul against its pure-JAX reference, its tile plans and byte model,
+and the gated-linear op's gate."""
 
 import jax
 import jax.numpy as jnp
@@ -6,13 +7,19 @@ import numpy as np
 import pytest
 
 from gsi_jax import GSIError, make_gate
-from gsi_jax.ops import GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_reference
+from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
+                         gated_matmul_reference, tiling)
 
 TOLERANCE = {jnp.float32: 1e-4, jnp.bfloat16: 3e-2}  # relative to the output's scale
-# (tokens, d, k, O): non-multiples of the tiles, the default model's d = 576, GPT-J-like tiles.
-SHAPES = [(16, 128, 32, 128), (5, 96, 24, 200), (33, 64, 16, 48), (1, 576, 256, 192),
-          (3, 1024, 256, 512)]
+# (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, the
+# reduction split across programs), a few tokens, 16 and 33 tokens (prefill plan: tensor-core
+# tiles, a ragged last token block), widths that are not multiples of 16, and the default
+# model's d = 576.
+SHAPES = [(1, 100, 24, 200), (1, 1000, 40, 72), (5, 96, 24, 200), (16, 128, 32, 128),
+          (33, 100, 16, 48), (1, 576, 256, 192), (3, 1024, 256, 512), (20, 1000, 48, 130)]
 GATES = {"all_slow": 0.0, "mixed": 0.1, "all_fast": float("inf")}
+GPU_PLATFORMS = ("cuda", "rocm")
 
 
 def problem(T, D, K, O, dtype, seed=0):
@@ -37,44 +44,119 @@ def check_labels(label, fast, T):
     assert 0 < n < T
 
 
-class KernelCases:
-  """The same cases, compiled (GPU) or interpreted (CPU), at the GPU's block sizes."""
-  interpret: bool
+def assert_close(y, y_ref, dtype):
+  scale = float(jnp.abs(y_ref.astype(jnp.float32)).max())
+  err = float(jnp.abs(y.astype(jnp.float32) - y_ref.astype(jnp.float32)).max())
+  assert err <= TOLERANCE[dtype] * scale, (err, scale)
 
-  @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-  @pytest.mark.parametrize("shape", SHAPES)
-  @pytest.mark.parametrize("label", list(GATES))
-  def test_matches_reference(self, shape, dtype, label):
-    x, V, M, W = problem(*shape, dtype)
-    g = x @ V
-    fast = gate_mask(x, g, GATES[label])
+
+def test_cases_cover_the_gpu_plans():
+  """The shapes above reach every branch of the GPU layouts: split reductions, masked rows,
+  columns and tokens, both regimes."""
+  for platform in GPU_PLATFORMS:
+    lays = [tiling.layout(tiling.plan_for(platform, T), T, D, K, O) for T, D, K, O in SHAPES]
+    assert any(l.splits > 1 and l.block_t == 1 for l in lays)
+    assert any(l.splits > 1 and l.block_t > 1 for l in lays)
+    assert any(l.mask_d for l in lays) and any(l.mask_k for l in lays)
+    assert any(l.mask_out for l in lays)
+    assert any(l.tokens % l.block_t for l in lays)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_interpreted_plans_match_reference(platform, shape, dtype):
+  """Each platform's own tile plan, run in interpret mode, equals the reference (all slow,
+  mixed and all fast: the gate is an input, so one compiled program serves all three)."""
+  x, V, M, W = problem(*shape, dtype)
+  g = x @ V
+  run = jax.jit(lambda fast: gated_matmul_on(platform, x, g, fast, M, W, interpret=True))
+  for label, eps in GATES.items():
+    fast = gate_mask(x, g, eps)
     check_labels(label, np.asarray(fast), shape[0])
-    y = gated_matmul(x, g, fast, M, W, interpret=self.interpret)
-    y_ref = gated_matmul_reference(x, g, fast, M, W)
-    scale = float(jnp.abs(y_ref.astype(jnp.float32)).max())
-    err = float(jnp.abs(y.astype(jnp.float32) - y_ref.astype(jnp.float32)).max())
-    assert err <= TOLERANCE[dtype] * scale
-
-  def test_transposed_weights(self):
-    """A tied LM head passes its (vocab, d) table as it is stored."""
-    x, V, M, W = problem(9, 96, 32, 300, jnp.float32, seed=2)
-    g = x @ V
-    fast = gate_mask(x, g, 0.1)
-    y = gated_matmul(x, g, fast, M, W.T, w_transposed=True, interpret=self.interpret)
-    np.testing.assert_allclose(np.asarray(y), np.asarray(gated_matmul_reference(x, g, fast, M, W)),
-                               rtol=1e-4, atol=1e-4)
-
-  def test_block_sizes_do_not_change_results(self):
-    x, V, M, W = problem(40, 96, 24, 300, jnp.float32, seed=3)
-    g = x @ V
-    fast = gate_mask(x, g, 0.1)
-    a = gated_matmul(x, g, fast, M, W, block_o=32, block_d=16, interpret=self.interpret)
-    b = gated_matmul(x, g, fast, M, W, block_o=256, block_d=512, interpret=self.interpret)
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    y = run(fast)
+    assert y.shape == (shape[0], shape[3]) and y.dtype == dtype
+    assert_close(y, gated_matmul_reference(x, g, fast, M, W), dtype)
 
 
-class TestInterpreted(KernelCases):
-  interpret = True
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+@pytest.mark.parametrize("tokens", [1, 4, 17])
+def test_tied_head_with_ragged_vocabulary(platform, tokens):
+  """A tied head passes its (vocab, d) table as stored; 301 rows fill no block."""
+  x, V, M, W = problem(tokens, 96, 32, 301, jnp.float32, seed=2)
+  g = x @ V
+  fast = gate_mask(x, g, 0.1)
+  y = gated_matmul_on(platform, x, g, fast, M, W.T, w_transposed=True, interpret=True)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(gated_matmul_reference(x, g, fast, M, W)),
+                             rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_runs_the_cuda_plan_interpreted():
+  """`gated_matmul` lowered for cpu is exactly the cuda plan in interpret mode."""
+  x, V, M, W = problem(3, 1000, 40, 72, jnp.float32, seed=4)
+  g = x @ V
+  fast = gate_mask(x, g, 0.1)
+  np.testing.assert_array_equal(np.asarray(gated_matmul(x, g, fast, M, W)),
+                                np.asarray(gated_matmul_on("cuda", x, g, fast, M, W,
+                                                           interpret=True)))
+
+
+def test_tile_sizes_do_not_change_results():
+  x, V, M, W = problem(40, 96, 24, 300, jnp.float32, seed=3)
+  g = x @ V
+  fast = gate_mask(x, g, 0.1)
+  small = tiling.TilePlan(16, 16, 16, 16, min_programs=64)
+  large = tiling.TilePlan(32, 256, 512, 128)
+  a = gated_matmul_on("cuda", x, g, fast, M, W, plan=small, interpret=True)
+  b = gated_matmul_on("cuda", x, g, fast, M, W, plan=large, interpret=True)
+  assert tiling.layout(small, 40, 96, 24, 300).splits > 1
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+# GPT-J-6B's maps (d, O) at k = 256: q/k/v and attn_out, fc_in, fc_out.
+GPTJ_MAPS = [(4096, 4096), (4096, 16384), (16384, 4096)]
+MIN_PROGRAMS = {"cuda": 2 * 132, "rocm": 2 * 304}  # 2 per SM (H200) or CU (MI300X)
+
+
+@pytest.mark.parametrize("platform", GPU_PLATFORMS)
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_decode_grid_fills_the_chip(platform, tokens):
+  for d, out in GPTJ_MAPS:
+    lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, d, 256, out)
+    assert lay.programs >= MIN_PROGRAMS[platform], (d, out, lay.grid)
+    assert lay.splits * lay.d_chunk >= d > (lay.splits - 1) * lay.d_chunk  # no empty split
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+@pytest.mark.parametrize("d, out", GPTJ_MAPS + [(576, 1536), (1000, 130)])
+def test_byte_model_is_the_byte_formula(platform, d, out):
+  """Decoding, the kernel reads by its tile plan what `metrics.bytes` charges per token: with
+  V_k's d k added (read once per call, by XLA, for g), one token reads exactly
+  gated_map_elements(d, O, k, f k, f) at f = 0 and at f = 1, and a call of mixed tokens the
+  sum of its tokens'.  A prefill block of tokens reads M and W once for all its tokens."""
+  k = 256
+  lay = tiling.layout(tiling.plan_for(platform, 1), 1, d, k, out)
+  if (lay.padded_d, lay.padded_k, lay.padded_out) != (d, k, out):
+    assert lay.plan.pad_inputs  # only the TPU plan pads (and then reads the padding)
+    return
+  for fast in ([0], [1], [1, 0, 0, 1, 1, 1, 0, 1]):
+    T = len(fast)
+    lay = tiling.layout(tiling.plan_for(platform, T), T, d, k, out)
+    assert lay.block_t == 1 or platform == "tpu"
+    per_token = sum(mbytes.gated_map_elements(d, out, k, f * k, f) for f in fast)
+    read = tiling.weight_elements_read(lay, fast) + T * d * k
+    if lay.block_t == 1:
+      assert read == per_token
+    else:  # the TPU plan's 16-token block reads each of M and W once for the call
+      assert read == T * d * k + (k * out if any(fast) else 0) + (d * out if not all(fast) else 0)
+  T = 100
+  lay = tiling.layout(tiling.plan_for(platform, T), T, d, k, out)
+  assert lay.block_t > 1 and lay.token_blocks > 1
+  slow, fast = [0] * T, [1] * T
+  mixed = [1] * (T - 1) + [0]  # one slow token: its block reads W, the others do not
+  assert tiling.weight_elements_read(lay, slow) == lay.token_blocks * d * out
+  assert tiling.weight_elements_read(lay, fast) == lay.token_blocks * k * out
+  assert tiling.weight_elements_read(lay, mixed) == lay.token_blocks * k * out + d * out
 
 
 def _has_gpu():
@@ -84,22 +166,39 @@ def _has_gpu():
     return False
 
 
-@pytest.mark.skipif(not _has_gpu(), reason="needs a GPU (Pallas Triton backend)")
-class TestCompiledOnGPU(KernelCases):
-  interpret = False
+@pytest.mark.skipif(not _has_gpu(), reason="needs a GPU (the compiled Triton kernel)")
+class TestCompiledOnGPU:
+  """`gated_matmul` on a GPU runs the compiled kernel: the same cases as interpret mode."""
 
-  @pytest.mark.parametrize("d_out", [4096, 16384])
-  def test_gptj_shapes(self, d_out):
-    """GPT-J's site shapes at k = 256, bf16: tiles, not whole matrices, per program."""
-    x, V, M, W = problem(1, 4096, 256, d_out, jnp.bfloat16)
+  @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+  @pytest.mark.parametrize("shape", SHAPES)
+  def test_matches_reference(self, shape, dtype):
+    x, V, M, W = problem(*shape, dtype)
+    g = x @ V
+    for label, eps in GATES.items():
+      fast = gate_mask(x, g, eps)
+      check_labels(label, np.asarray(fast), shape[0])
+      assert_close(gated_matmul(x, g, fast, M, W), gated_matmul_reference(x, g, fast, M, W),
+                   dtype)
+
+  def test_tied_head(self):
+    x, V, M, W = problem(9, 96, 32, 301, jnp.float32, seed=2)
+    g = x @ V
+    fast = gate_mask(x, g, 0.1)
+    np.testing.assert_allclose(np.asarray(gated_matmul(x, g, fast, M, W.T, w_transposed=True)),
+                               np.asarray(gated_matmul_reference(x, g, fast, M, W)),
+                               rtol=1e-4, atol=1e-4)
+
+  @pytest.mark.parametrize("tokens", [1, 16, 256])
+  @pytest.mark.parametrize("d, out", GPTJ_MAPS)
+  def test_gptj_shapes(self, tokens, d, out):
+    """GPT-J's maps at k = 256, bf16, through the compiled tile plans."""
+    x, V, M, W = problem(tokens, d, 256, out, jnp.bfloat16)
     g = x @ V
     for eps in GATES.values():
       fast = gate_mask(x, g, eps)
-      y = gated_matmul(x, g, fast, M, W)
-      y_ref = gated_matmul_reference(x, g, fast, M, W)
-      scale = float(jnp.abs(y_ref.astype(jnp.float32)).max())
-      assert float(jnp.abs(y.astype(jnp.float32) - y_ref.astype(jnp.float32)).max()) \
-          <= TOLERANCE[jnp.bfloat16] * scale
+      assert_close(gated_matmul(x, g, fast, M, W), gated_matmul_reference(x, g, fast, M, W),
+                   jnp.bfloat16)
 
 
 def test_gate_mask_equals_numpy_residual_ratio():
@@ -122,7 +221,7 @@ def test_op_impls_agree(label):
   weights = GatedWeights([W, 2 * W[:, :40]], V, [M, 2 * M[:, :40]])
   eps = GATES[label]
   outs = {}
-  for impl, switch in (("xla", False), ("xla", True), ("pallas", False)):
+  for impl, switch in (("xla", False), ("xla", True), ("pallas", False), ("auto", True)):
     gate = make_gate(eps, impl=impl, batch1_switch=switch)
     ys, fast, _ = gated_linear(x[None], weights, gate.eps, gate)
     check_labels(label, np.asarray(fast[0]), 12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -83,4 +84,28 @@ def apply_gsi(params, bases: Bases, k: int, output_sketch: int = 0, seed: int = 
         extra[P.SKETCH] = C_DS.astype(dtype)
         extra[P.SKETCH_M] = (V_DK.astype(jnp.float32).T @ C_DS).astype(dtype)
       out = P.with_site(out, layer, site, extra)
+  return out
+
+
+def gsi_shapes(params, k: int, head_k: int = 0):
+  """The tree `apply_gsi` (and with head_k > 0 `apply_gsi_head`) returns, as shapes only.
+
+  params may be abstract (`gsi_jax.loading.param_shapes`): a GSI program can then
+  be exported for a platform that is not here (`jax.export`) with no weights and
+  no calibration.
+  """
+  shape = lambda *dims, dtype: jax.ShapeDtypeStruct(dims, dtype)
+  out = params
+  for layer, sites in P.site_kernels(params).items():
+    for site, kernels in sites.items():
+      W = next(iter(kernels.values()))
+      k_site = site_rank(k, W.shape[0])
+      out = P.with_site(out, layer, site, {
+          P.V: shape(W.shape[0], k_site, dtype=W.dtype),
+          P.M: {n: shape(k_site, W_n.shape[1], dtype=W_n.dtype) for n, W_n in kernels.items()}})
+  if head_k:
+    d, vocab = P.head_shape(params)
+    dtype = params[P.EMBED][P.EMBEDDING].dtype
+    out = {**out, P.LM_HEAD: {**P.head(out), P.V: shape(d, head_k, dtype=dtype),
+                              P.M: {P.HEAD_MAP: shape(head_k, vocab, dtype=dtype)}}}
   return out

@@ -99,6 +99,15 @@ def head_kernel(params):
   return own[KERNEL] if KERNEL in own else params[EMBED][EMBEDDING].T
 
 
+def head_shape(params) -> tuple[int, int]:
+  """(d, vocab) of the LM head; reads only shapes, so abstract trees work too."""
+  own = head(params)
+  if KERNEL in own:
+    return tuple(own[KERNEL].shape)
+  vocab, d = params[EMBED][EMBEDDING].shape
+  return d, vocab
+
+
 def has_gsi(node) -> bool:
   return V in node
 

@@ -32,8 +32,10 @@ class Gate:
   `gsi_jax.allocation`: the hard gate and threshold in the forward pass, with
   the gradients of their smooth versions `soft_fast` and `soft_keep`).
   impl: "xla" (a masked select; with batch1_switch a lax.switch that runs only
-  the branch the gate picks) or "pallas" (the kernel reads M's or W's tiles
-  only as the gate requires; Triton on GPU, interpret mode elsewhere).
+  the branch the gate picks), "pallas" (the kernel reads M's or W's tiles
+  only as the gate requires; Triton on cuda and rocm, Mosaic on tpu, interpret
+  mode on cpu) or "auto" (pallas, but xla where the program is lowered for
+  cpu); each chosen by the platform the program is lowered for.
   batch1_switch: on "xla", branch on the call's gate pattern (all fast, mixed,
   all slow), which skips W's bytes when every token is fast: at batch-1
   decoding, one token per call, that is every fast step.
@@ -56,12 +58,9 @@ def check_threshold(name: str, value) -> float:
   return value
 
 
-def resolve_impl(impl: str) -> str:
-  """"auto" is pallas on a GPU, xla elsewhere."""
+def check_impl(impl: str) -> str:
   if impl not in IMPLS:
     raise GSIError(f"gate impl {impl!r} is not one of {IMPLS}")
-  if impl == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
   return impl
 
 
@@ -71,7 +70,7 @@ def make_gate(eps: float, mode: str = "gated", *, impl: str = "xla", batch1_swit
     raise GSIError(f"gate mode {mode!r} is not one of {MODES}")
   head = None if head_eps is None else jnp.float32(check_threshold("head_eps", head_eps))
   return Gate(eps=jnp.float32(check_threshold("eps", eps)), head_eps=head, mode=mode,
-              impl=resolve_impl(impl), batch1_switch=bool(batch1_switch))
+              impl=check_impl(impl), batch1_switch=bool(batch1_switch))
 
 
 def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -11,7 +11,11 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
          a three-way lax.switch on the call's gate pattern, which at one token
          per call reads V_k and M, or V_k and W;
   "pallas": `gsi_jax.ops.kernel.gated_matmul`, which reads M's or W's tiles
-         only for the tokens that need them.
+         only for the tokens that need them (compiled on cuda, rocm and tpu,
+         interpreted on cpu);
+  "auto": "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
+         (`lax.platform_dependent`: the choice follows the lowering platform,
+         not the machine that traces).
 """
 
 from __future__ import annotations
@@ -50,10 +54,8 @@ def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> 
 def _pallas(x_BTD, g_BTK, fast_BT, weights: GatedWeights):
   lead = x_BTD.shape[:-1]
   x_TD, g_TK = x_BTD.reshape(-1, x_BTD.shape[-1]), g_BTK.reshape(-1, g_BTK.shape[-1])
-  interpret = jax.default_backend() != "gpu"
   return [kernel.gated_matmul(x_TD, g_TK, fast_BT.reshape(-1), M, W,
-                              w_transposed=weights.W_transposed,
-                              interpret=interpret).reshape(*lead, -1)
+                              w_transposed=weights.W_transposed).reshape(*lead, -1)
           for W, M in zip(weights.W, weights.M)]
 
 
@@ -84,11 +86,21 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
   else:
     fast_BT = gate_mask(x_BTD, g_BTK, eps)
 
+  xla_only = weights.rungs is not None or weights.sketch is not None
   if gate.impl == "pallas":
-    if weights.rungs is not None or weights.sketch is not None:
+    if xla_only:
       raise GSIError("the rank ladder and the output-aware gate run on impl='xla' only")
     return _pallas(x_BTD, g_BTK, fast_BT, weights), fast_BT, rank_BT
+  if gate.impl == "auto" and not xla_only:
+    ys = lax.platform_dependent(
+        cpu=lambda: _xla(x_BTD, g_BTK, fast_BT, weights, gate),
+        default=lambda: _pallas(x_BTD, g_BTK, fast_BT, weights))
+    return ys, fast_BT, rank_BT
+  return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
 
+
+def _xla(x_BTD, g_BTK, fast_BT, weights: GatedWeights, gate: Gate):
+  """Both products and a masked select, or with batch1_switch the branch the gate picks."""
   def fast():
     return [g_BTK @ M for M in weights.M]
 
@@ -99,8 +111,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     return [jnp.where(fast_BT[..., None], f, s) for f, s in zip(fast(), slow())]
 
   if gate.mode == "static":
-    return fast(), fast_BT, rank_BT
+    return fast()
   if not gate.batch1_switch:
-    return mixed(), fast_BT, rank_BT
+    return mixed()
   branch = jnp.where(jnp.all(fast_BT), 0, jnp.where(jnp.any(fast_BT), 1, 2))
-  return lax.switch(branch, [fast, mixed, slow]), fast_BT, rank_BT
+  return lax.switch(branch, [fast, mixed, slow])

@@ -3,17 +3,17 @@
     y_t = g_t M   where token t is fast,   y_t = x_t W   where it is slow.
 
 g = x V_k and the gate are computed once per token before the kernel (one read
-of V_k; see `gsi_jax.ops.gated_linear`), so each program only streams weights:
-it owns block_t tokens × block_o outputs and loops over the reduction
-dimension with `lax.fori_loop` in tiles (block_k rows of M, block_d rows of W),
-reading M's tiles only when one of its tokens is fast and W's only when one is
-slow (`pl.when`).  No program holds more than a (block_d, block_o) tile, so the
-Triton lowering fits a GPU's registers at GPT-J's shapes (d = 4096, O = 16384).
+of V_k; see `gsi_jax.ops.gated_linear`), so each program only streams weights.
+A program owns block_t tokens × block_o outputs × one split of the reduction
+dimension, loops over its split in tiles (block_k rows of M, block_d rows of W),
+and reads M's tiles only when one of its tokens is fast and W's only when one
+is slow (`lax.cond`), so padded tokens never cause a read.  `gsi_jax.ops.tiling`
+holds the tile plans, one table per platform, and the byte model.
 
-Block sizes are powers of two, as Triton requires.  Each is the largest one up
-to its cap that divides the dimension (576 → 64), so a model's own widths need
-no padding; a width that is not a multiple of 16 is zero-padded (a copy per
-call), which changes no result.  Padded tokens are marked neither fast nor slow.
+`gated_matmul` picks the kernel by the platform it is lowered for
+(`lax.platform_dependent`), not by the machine it is traced on: Triton on cuda
+and rocm, Mosaic on tpu, and interpret mode of the cuda plan on cpu, so the
+tests here run the tiles a GPU runs.
 """
 
 from __future__ import annotations
@@ -24,26 +24,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from gsi_jax.ops import tiling
 
 FAST, SLOW, PADDING = 1, 0, -1
-BLOCK_T, BLOCK_O, BLOCK_D, BLOCK_K = 16, 128, 512, 128
-
-
-def tile(n: int, cap: int) -> int:
-  """The largest power of two <= cap that divides n, and at least 16."""
-  t = cap
-  while t > 16 and n % t:
-    t //= 2
-  return t
-
-
-def _pad(a: jax.Array, axis: int, multiple: int, value=0) -> jax.Array:
-  extra = -a.shape[axis] % multiple
-  if not extra:
-    return a
-  pads = [(0, 0)] * a.ndim
-  pads[axis] = (0, extra)
-  return jnp.pad(a, pads, constant_values=value)
+INTERPRETED_PLAN = "cuda"  # the plan cpu runs in interpret mode
 
 
 def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
@@ -57,68 +43,137 @@ def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = 
   return jnp.where(fast_T[:, None], y_fast, y_slow).astype(x_TD.dtype)
 
 
-def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, block_d, block_k, w_transposed):
+def _load(ref, index, mask):
+  """ref[index], with masked-off lanes read as zero (and not read at all on a GPU)."""
+  if mask is None:
+    return ref[index]
+  return pltriton.load(ref.at[index], mask=mask, other=0)
+
+
+def _iota(n: int) -> jax.Array:
+  return lax.broadcasted_iota(jnp.int32, (n,), 0)
+
+
+def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLayout,
+            w_transposed: bool):
+  j, s = pl.program_id(1), pl.program_id(2)
   state = state_ref[...]  # (block_t, 1): FAST, SLOW or PADDING
-  fast = state == FAST
-  bt, bo = y_ref.shape
-  zeros = jnp.zeros((bt, bo), jnp.float32)
+  bt, bo = lay.block_t, lay.block_o
+  col_ok = (j * bo + _iota(bo) < lay.out) if lay.mask_out else None
+  vector = bt == 1  # one token: multiply and sum; else a tensor-core dot
+  acc_shape = (bo,) if vector else (bt, bo)
 
-  @pl.when(jnp.any(fast))
-  def _fast():
+  def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed):
+    """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed)."""
+    start = s * chunk
+
     def body(i, acc):
-      g = g_ref[:, pl.ds(i * block_k, block_k)].astype(jnp.float32)
-      m = M_ref[pl.ds(i * block_k, block_k), :].astype(jnp.float32)
-      return acc + jnp.dot(g, m, preferred_element_type=jnp.float32)
-    y_ref[...] = lax.fori_loop(0, g_ref.shape[1] // block_k, body, zeros).astype(y_ref.dtype)
+      r0 = pl.multiple_of(i * block, block)
+      row_ok = (start + r0 + _iota(block) < total) if masked else None
+      a_index = (jnp.int32(0), pl.ds(r0, block)) if vector else (slice(None), pl.ds(r0, block))
+      a_mask = row_ok if vector or row_ok is None else jnp.broadcast_to(row_ok[None], (bt, block))
+      a = _load(a_ref, a_index, a_mask)
+      if b_transposed:
+        b_index = (slice(None), pl.ds(r0, block))
+        rows, cols = (None, slice(None)), (slice(None), None)
+      else:
+        b_index = (pl.ds(r0, block), slice(None))
+        rows, cols = (slice(None), None), (None, slice(None))
+      b_mask = None
+      if row_ok is not None or col_ok is not None:
+        b_shape = (bo, block) if b_transposed else (block, bo)
+        parts = [jnp.broadcast_to(m[where], b_shape)
+                 for m, where in ((row_ok, rows), (col_ok, cols)) if m is not None]
+        b_mask = parts[0] if len(parts) == 1 else parts[0] & parts[1]
+      b = _load(b_ref, b_index, b_mask)
+      dtype = jnp.promote_types(a.dtype, b.dtype)
+      if vector:
+        a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+        return acc + (jnp.sum(b32 * a32[None, :], axis=1) if b_transposed
+                      else jnp.sum(a32[:, None] * b32, axis=0))
+      dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
+      return acc + lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
+                                   preferred_element_type=jnp.float32)
 
-  @pl.when(jnp.any(state == SLOW))
-  def _slow():
-    def body(i, acc):
-      x = x_ref[:, pl.ds(i * block_d, block_d)].astype(jnp.float32)
-      if w_transposed:
-        w = W_ref[:, pl.ds(i * block_d, block_d)].astype(jnp.float32)
-        return acc + lax.dot_general(x, w, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-      w = W_ref[pl.ds(i * block_d, block_d), :].astype(jnp.float32)
-      return acc + jnp.dot(x, w, preferred_element_type=jnp.float32)
-    y_slow = lax.fori_loop(0, x_ref.shape[1] // block_d, body, zeros).astype(y_ref.dtype)
-    y_ref[...] = jnp.where(fast, y_ref[...], y_slow)
+    zeros = jnp.zeros(acc_shape, jnp.float32)
+    return lax.fori_loop(0, chunk // block, body, zeros)
+
+  zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
+  y_fast = lax.cond(jnp.max(state) == FAST,
+                    lambda: reduce(g_ref, M_ref, lay.k_chunk, lay.block_k, lay.padded_k,
+                                   lay.mask_k, False), zeros)
+  y_slow = lax.cond(jnp.max(jnp.where(state == SLOW, 1, 0)) == 1,
+                    lambda: reduce(x_ref, W_ref, lay.d_chunk, lay.block_d, lay.padded_d,
+                                   lay.mask_d, w_transposed), zeros)
+  if vector:
+    y_fast, y_slow = y_fast[None, :], y_slow[None, :]
+  y = jnp.where(state == FAST, y_fast, y_slow)
+  y_ref[...] = y.astype(y_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("w_transposed", "block_t", "block_o", "block_d",
-                                             "block_k", "interpret"))
-def gated_matmul(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False,
-                 block_t: int = BLOCK_T, block_o: int = BLOCK_O, block_d: int = BLOCK_D,
-                 block_k: int = BLOCK_K, interpret: bool = False):
-  """y (T, O) in x's dtype: g M on fast tokens, x W on slow ones; reads only what they need.
+def _pad(a: jax.Array, shape) -> jax.Array:
+  pads = [(0, n - m) for m, n in zip(a.shape, shape)]
+  return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
-  block_d and block_k are caps: each tile is the largest power of two up to
-  the cap that divides its dimension.
+
+def gated_matmul_on(platform: str, x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False,
+                    plan: tiling.TilePlan | None = None, interpret: bool = False):
+  """The kernel with `platform`'s tile plan (or `plan`), compiled for it or interpreted.
+
+  Returns y (T, O) in x's dtype.
   """
   T, D = x_TD.shape
   K, O = M_KO.shape
-  bd, bk, bo = tile(D, block_d), tile(K, block_k), tile(O, block_o)
-  state = _pad(jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)[:, None], 0, block_t, PADDING)
-  x = _pad(_pad(x_TD, 0, block_t), 1, bd)
-  g = _pad(_pad(g_TK.astype(jnp.float32), 0, block_t), 1, bk)
-  M = _pad(_pad(M_KO, 0, bk), 1, bo)
+  plan = plan or tiling.plan_for(platform, T)
+  lay = tiling.layout(plan, T, D, K, O)
+  Tp, Dp, Kp, Op = lay.padded_tokens, lay.padded_d, lay.padded_k, lay.padded_out
+  state = _pad(jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)[:, None], (Tp, 1))
+  state = jnp.where(jnp.arange(Tp)[:, None] < T, state, PADDING)
+  x = _pad(x_TD, (Tp, Dp))
+  g = _pad(g_TK.astype(jnp.float32), (Tp, Kp))
+  M = _pad(M_KO, (Kp, Op))
+  W = _pad(W, (Op, Dp) if w_transposed else (Dp, Op))
+  bt, bo = lay.block_t, lay.block_o
   if w_transposed:
-    W = _pad(_pad(W, 0, bo), 1, bd)
-    w_spec = pl.BlockSpec((bo, W.shape[1]), lambda i, j: (j, 0))
+    w_spec = pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s: (j, s))
   else:
-    W = _pad(_pad(W, 0, bd), 1, bo)
-    w_spec = pl.BlockSpec((W.shape[0], bo), lambda i, j: (0, j))
-  Tp, Dp, Kp, Op = x.shape[0], x.shape[1], g.shape[1], M.shape[1]
+    w_spec = pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s: (s, j))
+  out_cols = lay.out_blocks * bo
+  if lay.splits == 1:
+    out_shape = jax.ShapeDtypeStruct((Tp, out_cols), x_TD.dtype)
+    out_spec = pl.BlockSpec((bt, bo), lambda i, j, s: (i, j))
+  else:
+    out_shape = jax.ShapeDtypeStruct((lay.splits, Tp, out_cols), jnp.float32)
+    out_spec = pl.BlockSpec((None, bt, bo), lambda i, j, s: (s, i, j))
   y = pl.pallas_call(
-      functools.partial(_kernel, block_d=bd, block_k=bk, w_transposed=w_transposed),
-      out_shape=jax.ShapeDtypeStruct((Tp, Op), x_TD.dtype),
-      grid=(Tp // block_t, Op // bo),
-      in_specs=[pl.BlockSpec((block_t, 1), lambda i, j: (i, 0)),
-                pl.BlockSpec((block_t, Dp), lambda i, j: (i, 0)),
-                pl.BlockSpec((block_t, Kp), lambda i, j: (i, 0)),
-                pl.BlockSpec((Kp, bo), lambda i, j: (0, j)),
+      functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
+      out_shape=out_shape,
+      grid=lay.grid,
+      in_specs=[pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0)),
+                pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
+                pl.BlockSpec((bt, lay.k_chunk), lambda i, j, s: (i, s)),
+                pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s: (s, j)),
                 w_spec],
-      out_specs=pl.BlockSpec((block_t, bo), lambda i, j: (i, j)),
+      out_specs=out_spec,
       interpret=interpret,
+      compiler_params=None if interpret else tiling.compiler_params(platform, plan),
+      name="gsi_gated_matmul",
   )(state, x, g, M, W)
+  if lay.splits > 1:
+    y = jnp.sum(y, axis=0).astype(x_TD.dtype)
   return y[:T, :O]
+
+
+@functools.partial(jax.jit, static_argnames=("w_transposed",))
+def gated_matmul(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
+  """y (T, O) in x's dtype: g M on fast tokens, x W on slow ones; reads only what they need.
+
+  The kernel is chosen where the program is lowered: compiled Triton on cuda and
+  rocm, Mosaic on tpu, the cuda plan in interpret mode on cpu.
+  """
+  args = (x_TD, g_TK, fast_T, M_KO, W)
+  on = lambda platform, interpret=False: lambda *a: gated_matmul_on(
+      platform, *a, w_transposed=w_transposed, interpret=interpret)
+  return lax.platform_dependent(
+      *args, cpu=on(INTERPRETED_PLAN, interpret=True), cuda=on("cuda"), rocm=on("rocm"),
+      tpu=on("tpu"))

@@ -1,0 +1,395 @@
+"""GPU programs without a GPU: export for a platform, find its kernel calls, compile them.
+
+`jax.export` lowers a jitted function for a platform that is not present, so a
+`pallas_call` goes through that platform's real lowering here: Triton IR on cuda
+and rocm, Mosaic on tpu.  The Triton IR travels inside the exported module (the
+`__gpu$xla.gpu.triton` custom call's backend config), and Triton itself (PyPI
+`triton`, which bundles ptxas and the AMDGPU backend) compiles it to an sm_90
+cubin or a gfx942 code object on this CPU, whose registers, spills and shared
+memory are then readable.  Lowering and compiling prove less than running:
+numerics and speed on the hardware need a GPU (`benchmarks/gpu_check.sh`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import os
+import re
+import subprocess
+import tempfile
+
+import jax
+import jax.numpy as jnp
+from jax import export
+from jax._src.interpreters import mlir as jax_mlir
+from jax._src.lib.mlir import ir
+
+from gsi_jax.gsi.transform import gsi_shapes, site_rank
+from gsi_jax.loading.load import param_shapes
+from gsi_jax.models import ModelConfig
+from gsi_jax.models import params as P
+from gsi_jax.models.decoder import Decoder, init_cache
+from gsi_jax.ops import kernel, make_gate, tiling
+
+TRITON_CALL = "__gpu$xla.gpu.triton"  # jaxlib <= 0.10.2: carries the Triton IR
+TRITON_COMPILED_CALL = "triton_kernel_call_ffi"  # newer jaxlib: a kernel compiled at lowering
+KERNEL_TARGETS = {"cuda": (TRITON_CALL, TRITON_COMPILED_CALL),
+                  "rocm": (TRITON_CALL, TRITON_COMPILED_CALL), "tpu": ("tpu_custom_call",)}
+# Custom calls a GPU program may hold besides our kernel: cuSOLVER/hipSOLVER eigensolvers and
+# factorisations (LOBPCG), cuBLAS, and XLA's own sharding markers.
+GPU_LIBRARY_CALL = re.compile(r"^(cu|hip)solver_|^(cu|hip)blas|^Sharding$|"
+                              r"^SPMD(FullToShard|ShardToFull)Shape$")
+HOST_CALLBACK = re.compile(r"callback", re.IGNORECASE)
+
+
+def export_for(fn, args, platform: str) -> export.Exported:
+  """`fn` (jitted) exported for `platform`; only our own kernel's custom-call check is off."""
+  disabled = [export.DisabledSafetyCheck.custom_call(t) for t in KERNEL_TARGETS.get(platform, ())
+              if t != "tpu_custom_call"]  # Mosaic's call is on export's stable list already
+  return export.export(fn, platforms=[platform], disabled_checks=disabled)(*args)
+
+
+_last_text: dict[bytes, str] = {}
+
+
+def _text(exported: export.Exported) -> str:
+  """The program as StableHLO text; the checks below each read it, so the last one is kept."""
+  key = exported.mlir_module_serialized
+  if key not in _last_text:
+    _last_text.clear()
+    _last_text[key] = exported.mlir_module()
+  return _last_text[key]
+
+
+def _custom_calls(exported: export.Exported) -> tuple:
+  """Every custom call the exported program makes, as (target, backend config), once per
+  call: a function called n times (a jitted op used by every layer) counts n times."""
+  return _calls_in(_text(exported))
+
+
+@functools.lru_cache(maxsize=1)
+def _calls_in(text: str) -> tuple:
+  with jax_mlir.make_ir_context(), ir.Location.unknown():
+    module = ir.Module.parse(text)
+    functions = {ir.StringAttr(op.attributes["sym_name"]).value: op
+                 for op in module.body.operations if op.operation.name == "func.func"}
+
+    def walk(op, found):
+      for region in op.regions:
+        for block in region.blocks:
+          for child in block.operations:
+            name, attrs = child.operation.name, child.operation.attributes
+            if name == "stablehlo.custom_call":
+              config = attrs["mhlo.backend_config"] if "mhlo.backend_config" in attrs else None
+              found.append((ir.StringAttr(attrs["call_target_name"]).value, _plain(config)))
+            elif name == "func.call":
+              walk(functions[ir.FlatSymbolRefAttr(attrs["callee"]).value].operation, found)
+            walk(child.operation, found)
+      return found
+    return tuple(walk(functions["main"].operation, []))
+
+
+def _plain(config):
+  """A backend config DictAttr as {name: int | str | bytes}, read while its context lives."""
+  if not isinstance(config, ir.DictAttr):
+    return {}
+  out = {}
+  for named in config:
+    attr = named.attr
+    if isinstance(attr, ir.IntegerAttr):
+      out[named.name] = attr.value
+    elif isinstance(attr, ir.StringAttr):
+      out[named.name] = attr.value_bytes
+  return out
+
+
+def custom_call_targets(exported: export.Exported) -> collections.Counter:
+  return collections.Counter(target for target, _ in _custom_calls(exported))
+
+
+def kernel_calls(exported: export.Exported, platform: str) -> int:
+  """Calls of the compiled gated-matmul kernel (its platform's custom call)."""
+  targets = custom_call_targets(exported)
+  return sum(targets[t] for t in KERNEL_TARGETS[platform])
+
+
+def interpreter_loops(exported: export.Exported) -> int:
+  """While loops in the program: a kernel in interpret mode is one (a loop over its grid)."""
+  return _text(exported).count("stablehlo.while")
+
+
+def foreign_calls(exported: export.Exported, platform: str) -> list[str]:
+  """Custom calls that are neither our kernel nor a GPU library: host callbacks, CPU LAPACK."""
+  ours = KERNEL_TARGETS.get(platform, ())
+  return sorted({t for t in custom_call_targets(exported)
+                 if t not in ours and not GPU_LIBRARY_CALL.search(t)})
+
+
+def has_float64(exported: export.Exported) -> bool:
+  return bool(re.search(r"\bf64\b", _text(exported)))
+
+
+def has_host_callback(exported: export.Exported) -> bool:
+  return any(HOST_CALLBACK.search(t) for t in custom_call_targets(exported))
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonCall:
+  """One compiled-kernel call of an exported GPU module."""
+  name: str
+  grid: tuple[int, int, int]
+  num_warps: int
+  num_stages: int
+  ttir: str  # Triton IR, as text
+
+
+def triton_calls(exported: export.Exported) -> list[TritonCall]:
+  """The Triton kernels an exported cuda or rocm program calls, with their Triton IR."""
+  from jax._src.pallas.triton import lowering as triton_lowering
+  calls = []
+  for target, config in _custom_calls(exported):
+    if target != TRITON_CALL:
+      continue
+    with triton_lowering._new_ir_context(), ir.Location.unknown():
+      text = str(ir.Module.parse(config["ir"]))
+    calls.append(TritonCall(config["name"].decode(),
+                            (config["grid_x"], config["grid_y"], config["grid_z"]),
+                            config["num_warps"], config["num_stages"], text))
+  return calls
+
+
+# Per SM of an H200 (sm_90): 64K registers, 228 KB shared memory (1 KB reserved per
+# block), 64 warps, 32 blocks.  Registers are allocated per warp in units of 256.
+SM90 = dict(registers=65536, shared=233472, reserved_shared=1024, warps=64, blocks=32)
+GFX942_LDS = 65536  # MI300X: 64 KB of LDS per CU
+
+
+@dataclasses.dataclass(frozen=True)
+class Binary:
+  """A compiled kernel's resources: registers per thread, spills, shared memory (bytes)."""
+  target: str
+  registers: int
+  spill_bytes: int  # local memory (sm_90) or scratch (gfx942): where spilled registers go
+  shared_bytes: int
+  programs_per_sm: int | None = None  # sm_90: concurrent programs one SM holds
+  occupancy: int | None = None  # gfx942: waves per SIMD, as the compiler reports it
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def _sm90_programs(registers: int, shared: int, warps: int) -> int:
+  per_warp = -(-registers * 32 // 256) * 256
+  by_registers = SM90["registers"] // max(per_warp * warps, 1)
+  by_shared = SM90["shared"] // (shared + SM90["reserved_shared"])
+  return min(by_registers, by_shared, SM90["warps"] // warps, SM90["blocks"])
+
+
+def _triton_stage(ttir: str, target, options: dict) -> str:
+  """Run Triton's own TTIR passes (inlining, combining, loop unrolling) as XLA's pipeline does:
+  `triton.compile` skips them for a source that is already TTIR."""
+  from triton._C.libtriton import ir as tir
+  from triton.backends.compiler import Language
+  from triton.compiler.compiler import make_backend
+  backend = make_backend(target)
+  context = tir.context()
+  tir.load_dialects(context)
+  backend.load_dialects(context)
+  with tempfile.NamedTemporaryFile("w", suffix=".ttir", delete=False) as f:
+    f.write(ttir)
+  try:
+    module = tir.parse_mlir_module(f.name, context)
+  finally:
+    os.unlink(f.name)
+  module.context = context
+  stages: dict = {}
+  backend.add_stages(stages, backend.parse_options(options), Language.TRITON)
+  return str(stages["ttir"](module, {}))
+
+
+def compile_binary(call: TritonCall, arch: str) -> Binary:
+  """Compile one kernel call's Triton IR for "sm_90" (H100/H200) or "gfx942" (MI300X)."""
+  os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud
+  import triton
+  from triton.backends.compiler import GPUTarget
+  if arch == "sm_90":
+    target = GPUTarget("cuda", 90, 32)
+  elif arch == "gfx942":
+    target = GPUTarget("hip", "gfx942", 64)
+  else:
+    raise ValueError(f"unknown GPU architecture {arch!r}; sm_90 or gfx942")
+  options = {"num_warps": call.num_warps, "num_stages": call.num_stages}
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, f"{call.name}.ttir")
+    with open(path, "w") as f:
+      f.write(_triton_stage(call.ttir, target, options))
+    compiled = triton.compile(path, target=target, options=options)
+    if arch == "sm_90":
+      cubin = os.path.join(tmp, "kernel.cubin")
+      with open(cubin, "wb") as f:
+        f.write(compiled.asm["cubin"])
+      tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                          "cuobjdump")
+      usage = subprocess.run([tool, "--dump-resource-usage", cubin], capture_output=True,
+                             text=True, check=True).stdout
+      fields = dict(re.findall(r"(REG|LOCAL|SHARED|STACK):(\d+)", usage))
+      shared = int(fields["SHARED"]) + int(compiled.metadata.shared)
+      registers = int(fields["REG"])
+      return Binary(arch, registers, int(fields["LOCAL"]) + int(fields["STACK"]), shared,
+                    programs_per_sm=_sm90_programs(registers, shared, call.num_warps))
+  asm = compiled.asm["amdgcn"]
+  meta = lambda key: int(re.search(rf"\.{key}:\s+(\d+)", asm).group(1))
+  occupancy = int(re.search(r"; Occupancy: (\d+)", asm).group(1))
+  return Binary(arch, meta("vgpr_count"), meta("private_segment_fixed_size"),
+                meta("group_segment_fixed_size") + int(compiled.metadata.shared),
+                occupancy=occupancy)
+
+
+def gated_matmul_export(platform: str, tokens: int, d: int, k: int, out: int, dtype,
+                        w_transposed: bool = False) -> export.Exported:
+  """The kernel `ops.gated_matmul` runs on `platform` (`gated_matmul_on`, without the
+  platform dispatch around it), on abstract arguments of one map's shape, exported."""
+  arg = jax.ShapeDtypeStruct
+  args = (arg((tokens, d), dtype), arg((tokens, k), jnp.float32), arg((tokens,), jnp.bool_),
+          arg((k, out), dtype), arg((out, d) if w_transposed else (d, out), dtype))
+  fn = jax.jit(lambda *a: kernel.gated_matmul_on(platform, *a, w_transposed=w_transposed))
+  return export_for(fn, args, platform)
+
+
+# Calls that exercise each GPU tile plan, (tokens, d, k, out, w_transposed) per regime:
+# GPT-J's narrowest map and its fc_out (a split reduction over 16384 rows), and GPT-2's
+# tied head (50257 rows of the table: a masked last block).
+PLAN_CASES = {
+    "decode": [(1, 4096, 256, 4096, False), (1, 16384, 256, 4096, False),
+               (1, 768, 256, 50257, True)],
+    "prefill": [(16, 4096, 256, 4096, False), (2048, 4096, 256, 16384, False),
+                (256, 768, 256, 50257, True)],
+}
+ARCHES = {"cuda": "sm_90", "rocm": "gfx942"}
+
+
+def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
+  """Every GPU tile plan's PLAN_CASES compiled for its chip (cuda: sm_90, rocm: gfx942), in
+  each dtype: the layout the call launches and the binary's resources, one record each."""
+  records = []
+  for platform, arch in ARCHES.items():
+    for regime, cases in PLAN_CASES.items():
+      for tokens, d, k, out, transposed in cases:
+        for dtype in dtypes:
+          plan = tiling.plan_for(platform, tokens)
+          lay = tiling.layout(plan, tokens, d, k, out)
+          [call] = triton_calls(gated_matmul_export(platform, tokens, d, k, out,
+                                                    jnp.dtype(dtype), transposed))
+          binary = compile_binary(call, arch)
+          records.append({
+              "platform": platform, "arch": arch, "regime": regime, "dtype": dtype,
+              "tokens": tokens, "d": d, "k": k, "out": out, "w_transposed": transposed,
+              "block_t": lay.block_t, "block_o": lay.block_o, "block_d": lay.block_d,
+              "block_k": lay.block_k, "splits": lay.splits, "grid": list(lay.grid),
+              "programs": lay.programs, "w_tile_elements": lay.block_d * lay.block_o,
+              "num_warps": call.num_warps, "num_stages": call.num_stages, **binary.as_dict()})
+          if progress:
+            progress(records[-1])
+  return records
+
+
+def _gpt2(name, d, heads):
+  return dataclasses.replace(ModelConfig.gpt2_124m(), d_model=d, n_heads=heads,
+                             n_kv_heads=heads, d_ff=4 * d, name=name)
+
+
+def _opt(name, d, heads, proj=0):
+  return dataclasses.replace(ModelConfig.opt_6_7b(), d_model=d, n_heads=heads, n_kv_heads=heads,
+                             head_dim=d // heads, d_ff=4 * d, embed_proj_dim=proj, name=name)
+
+
+def _llama(name, d, heads, kv_heads, d_ff, vocab, tied):
+  return dataclasses.replace(ModelConfig.smollm2_135m(), vocab_size=vocab, d_model=d,
+                             n_heads=heads, n_kv_heads=kv_heads, head_dim=d // heads, d_ff=d_ff,
+                             tied_embeddings=tied, name=name)
+
+
+# The paper's models and Llama's grouped-query widths, as published: every map the kernel
+# must lower at.
+PAPER_MODELS = (
+    _gpt2("gpt2-124m", 768, 12), _gpt2("gpt2-355m", 1024, 16), _gpt2("gpt2-774m", 1280, 20),
+    _gpt2("gpt2-1.5b", 1600, 25), ModelConfig.gptj_6b(),
+    _opt("opt-125m", 768, 12), _opt("opt-350m", 1024, 16, proj=512), _opt("opt-1.3b", 2048, 32),
+    _opt("opt-2.7b", 2560, 32), ModelConfig.opt_6_7b(), _opt("opt-13b", 5120, 40),
+    _opt("opt-30b", 7168, 56), _opt("opt-66b", 9216, 72), ModelConfig.smollm2_135m(),
+    _llama("llama-3-8b", 4096, 32, 8, 14336, 128256, False),
+    _llama("llama-2-70b", 8192, 64, 8, 28672, 32000, False),
+    _llama("llama-3.2-1b", 2048, 32, 8, 8192, 128256, True),
+)
+LOWERING_TOKENS = (1, 16, 256, 2048)  # decode, a short prompt, prefill
+LOWERING_DTYPES = ("bfloat16", "float32")
+LOWERING_K = 256
+
+
+def gated_maps(config: ModelConfig) -> set[tuple[int, int, bool]]:
+  """(d, O, W stored transposed) of every map one block of `config` gates, and its LM head
+  (a tied head reads its (vocab, d) table)."""
+  shapes = param_shapes(dataclasses.replace(config, n_layers=1), jnp.bfloat16)
+  maps = {(W.shape[0], W.shape[1], False)
+          for sites in P.site_kernels(shapes).values() for kernels in sites.values()
+          for W in kernels.values()}
+  d, vocab = P.head_shape(shapes)
+  return maps | {(d, vocab, config.tied_embeddings)}
+
+
+def paper_maps() -> list[tuple[int, int, bool]]:
+  return sorted(set().union(*(gated_maps(c) for c in PAPER_MODELS)))
+
+
+def lower_map(platform: str, tokens: int, d: int, out: int, dtype: str,
+              w_transposed: bool) -> dict:
+  """One map's kernel exported for `platform` (k = 256, capped at d): what it calls."""
+  k = site_rank(LOWERING_K, d)
+  exported = gated_matmul_export(platform, tokens, d, k, out, jnp.dtype(dtype), w_transposed)
+  plan = tiling.plan_for(platform, tokens)
+  record = {"platform": platform, "tokens": tokens, "d": d, "k": k, "out": out, "dtype": dtype,
+            "w_transposed": w_transposed, "kernel_calls": kernel_calls(exported, platform),
+            "other_calls": foreign_calls(exported, platform),
+            "interpreter_loops": interpreter_loops(exported),
+            "planned_grid": list(tiling.layout(plan, tokens, d, k, out).grid)}
+  if platform in ARCHES:
+    record["launches"] = [{"grid": list(c.grid), "num_warps": c.num_warps,
+                           "num_stages": c.num_stages} for c in triton_calls(exported)]
+    record["planned_launch"] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+  return record
+
+
+def model_programs(config: ModelConfig, platform: str, impl: str, head_k: int = 0,
+                   tokens: int = 64) -> dict[str, export.Exported]:
+  """A GSI model's forward (`tokens` tokens) and one decode step (1 token, KV cache) at k =
+  256, bf16, exported for `platform` from abstract parameters: no weights, no calibration."""
+  dtype = jnp.bfloat16
+  params = gsi_shapes(param_shapes(config, dtype), LOWERING_K, head_k=head_k)
+  module = Decoder(config, dtype)
+  gate = make_gate(0.1, impl=impl, batch1_switch=True, head_eps=0.1 if head_k else None)
+  arg = jax.ShapeDtypeStruct
+  forward = jax.jit(lambda p, ids, gate: module.apply({"params": p}, ids, gate=gate)[0])
+  step = jax.jit(lambda p, ids, start, cache, gate: module.apply({"params": p}, ids, start,
+                                                                  cache, gate))
+  cache = jax.eval_shape(lambda: init_cache(config, 1, tokens + 8, dtype))
+  return {"forward": export_for(forward, (params, arg((1, tokens), jnp.int32), gate), platform),
+          "decode_step": export_for(step, (params, arg((1, 1), jnp.int32), arg((), jnp.int32),
+                                           cache, gate), platform)}
+
+
+def gated_map_count(config: ModelConfig) -> int:
+  shapes = param_shapes(config, jnp.bfloat16)
+  return sum(len(kernels) for sites in P.site_kernels(shapes).values()
+             for kernels in sites.values())
+
+
+def lower_model(config: ModelConfig, platform: str, impl: str, head_k: int = 0) -> dict:
+  """Kernel calls and interpreter loops of a GSI model's forward and decode step."""
+  programs = model_programs(config, platform, impl, head_k)
+  return {"model": config.name, "platform": platform, "impl": impl, "gated_head": bool(head_k),
+          "gated_maps": gated_map_count(config) + bool(head_k),
+          **{f"{name}_kernel_calls": kernel_calls(e, platform) for name, e in programs.items()},
+          **{f"{name}_interpreter_loops": interpreter_loops(e) for name, e in programs.items()},
+          **{f"{name}_other_calls": foreign_calls(e, platform) for name, e in programs.items()}}

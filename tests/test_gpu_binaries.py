@@ -1,0 +1,55 @@
+"""Every GPU tile plan compiles to an sm_90 cubin and a gfx942 code object on this CPU, and
+fits its chip: no spills, at most 64 KB of shared memory (an MI300X's LDS), and on an H200
+room for at least 2 programs per SM.  Compiled, not run."""
+
+import json
+import os
+
+import pytest
+
+from gsi_jax import lowering
+from gsi_jax.ops import tiling
+
+triton = pytest.importorskip("triton")
+
+
+@pytest.fixture(scope="module")
+def records():
+  return lowering.plan_binaries()
+
+
+def test_every_plan_compiles_and_fits(records):
+  assert {(r["platform"], r["regime"]) for r in records} == \
+      {(p, regime) for p in lowering.ARCHES for regime in lowering.PLAN_CASES}
+  for r in records:
+    where = f"{r['platform']} {r['regime']} {r['dtype']} T={r['tokens']} d={r['d']} O={r['out']}"
+    assert r["spill_bytes"] == 0, where
+    assert 0 < r["registers"] <= 256, where
+    if r["arch"] == "gfx942":
+      assert r["shared_bytes"] <= lowering.GFX942_LDS, where
+      assert r["occupancy"] >= 2, where
+    else:
+      assert r["programs_per_sm"] >= 2, where
+
+
+def test_the_binaries_run_the_tile_plans(records):
+  for r in records:
+    plan = tiling.plan_for(r["platform"], r["tokens"])
+    lay = tiling.layout(plan, r["tokens"], r["d"], r["k"], r["out"])
+    assert r["grid"] == list(lay.grid)
+    assert (r["num_warps"], r["num_stages"]) == (plan.num_warps, plan.num_stages)
+
+
+def test_committed_figures_are_current(records):
+  """results/benchmarks/gpu_lowering.json (quoted in BUILD_NOTES.md) holds what this Triton
+  compiles today."""
+  path = os.path.join(os.path.dirname(__file__), "..", "results", "benchmarks",
+                      "gpu_lowering.json")
+  with open(path) as f:
+    saved = json.load(f)
+  if saved["triton_version"] != triton.__version__:
+    pytest.skip(f"figures are from triton {saved['triton_version']}")
+  keys = ("platform", "regime", "dtype", "tokens", "d", "out", "registers", "spill_bytes",
+          "shared_bytes", "grid")
+  assert [{k: r[k] for k in keys} for r in saved["binaries"]] == \
+      [{k: r[k] for k in keys} for r in records]

@@ -1,0 +1,35 @@
+"""The kernel lowers for cuda, rocm and tpu at every map shape of the paper's models, on this CPU.
+
+`jax.export` runs each platform's real lowering (Triton on cuda and rocm, Mosaic on tpu),
+so a change that breaks the kernel's GPU lowering fails here.  Lowering proves less than
+running: test_gpu_binaries.py compiles the Triton IR; benchmarks/gpu_check.sh runs it.
+"""
+
+import pytest
+
+from gsi_jax import lowering
+from gsi_jax.ops import tiling
+
+
+def test_paper_maps_are_all_there():
+  maps = lowering.paper_maps()
+  assert (4096, 16384, False) in maps and (16384, 4096, False) in maps  # GPT-J's fc_in, fc_out
+  assert (768, 50257, True) in maps and (576, 49152, True) in maps  # tied heads, ragged vocab
+  assert (4096, 1024, False) in maps and (576, 192, False) in maps  # GQA's k and v
+  assert (9216, 36864, False) in maps and (1600, 6400, False) in maps  # OPT-66B, GPT-2 XL
+  assert len(maps) == 58
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+@pytest.mark.parametrize("part", range(2))
+def test_kernel_lowers_at_every_paper_shape(platform, part):
+  """Every map one block of a paper model gates, and its LM head, in bf16 and f32, for 1, 16,
+  256 and 2048 tokens: one compiled kernel call and nothing else, launched with the platform's
+  tile plan, and no interpret-mode loop around it."""
+  for d, out, transposed in lowering.paper_maps()[part::2]:
+    for tokens in lowering.LOWERING_TOKENS:
+      for dtype in lowering.LOWERING_DTYPES:
+        r = lowering.lower_map(platform, tokens, d, out, dtype, transposed)
+        assert (r["kernel_calls"], r["other_calls"], r["interpreter_loops"]) == (1, [], 0), r
+        if platform in lowering.ARCHES:
+          assert r["launches"] == [{"grid": r["planned_grid"], **r["planned_launch"]}], r

@@ -1,0 +1,108 @@
+"""Whole GPU programs lower on this CPU: a GSI model's forward and decode step run one compiled
+kernel per gated map for cuda and rocm, the XLA decode step and the streaming calibration's
+device work carry nothing CPU-only (no host callback, no float64, no CPU library)."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gsi_jax import lowering
+from gsi_jax.gsi import calibration, solvers
+from gsi_jax.loading.load import param_shapes
+from gsi_jax.models import ModelConfig
+from gsi_jax.models import params as P
+from gsi_jax.models.decoder import Block
+
+GPU = tuple(lowering.ARCHES)
+
+
+@pytest.mark.parametrize("platform", GPU)
+@pytest.mark.parametrize("impl", ["pallas", "auto"])
+def test_default_model_runs_one_kernel_per_gated_map(platform, impl):
+  """SmolLM2-135M: 210 gated maps (30 layers × q, k, v, o, gate, up, down), 210 compiled kernel
+  calls in the forward and in the decode step, one more with the gated LM head (pallas), and
+  no interpret mode."""
+  config = ModelConfig.smollm2_135m()
+  assert lowering.gated_map_count(config) == 210
+  r = lowering.lower_model(config, platform, impl, head_k=256 if impl == "pallas" else 0)
+  for program in ("forward", "decode_step"):
+    assert r[f"{program}_kernel_calls"] == r["gated_maps"] == 210 + r["gated_head"], r
+    assert r[f"{program}_interpreter_loops"] == 0 and r[f"{program}_other_calls"] == [], r
+
+
+@pytest.mark.parametrize("name", ["gptj", "opt", "gpt2"])
+def test_other_families_run_one_kernel_per_gated_map(name):
+  """GPT-J's parallel block (fc_in beside q, k, v), OPT's and GPT-2's tied heads; two layers."""
+  config = {"gptj": ModelConfig.gptj_6b(), "opt": ModelConfig.opt_6_7b(),
+            "gpt2": ModelConfig.gpt2_124m()}[name]
+  r = lowering.lower_model(dataclasses.replace(config, n_layers=2), "cuda", "pallas", head_k=256)
+  assert r["forward_kernel_calls"] == r["decode_step_kernel_calls"] == r["gated_maps"] > 12
+
+
+def test_tpu_and_cpu_pick_their_own_kernels():
+  """The same program lowered for tpu calls Mosaic kernels; for cpu, impl="pallas" runs the
+  kernel in interpret mode and impl="auto" takes the XLA path (no kernel, no loop)."""
+  config = dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2)
+  tpu = lowering.lower_model(config, "tpu", "pallas")
+  assert tpu["forward_kernel_calls"] == tpu["decode_step_kernel_calls"] == 14
+  for program in lowering.model_programs(config, "cpu", "pallas", tokens=16).values():
+    assert not lowering.custom_call_targets(program)[lowering.TRITON_CALL]
+    assert lowering.interpreter_loops(program) > 0
+  for program in lowering.model_programs(config, "cpu", "auto", tokens=16).values():
+    assert not lowering.custom_call_targets(program)
+    assert lowering.interpreter_loops(program) == 0
+
+
+def assert_gpu_clean(exported, platform):
+  assert not lowering.has_host_callback(exported)
+  assert not lowering.has_float64(exported)
+  assert lowering.foreign_calls(exported, platform) == []
+
+
+@pytest.mark.parametrize("platform", GPU)
+def test_xla_decode_step_lowers(platform):
+  programs = lowering.model_programs(ModelConfig.smollm2_135m(), platform, "xla")
+  for exported in programs.values():
+    assert_gpu_clean(exported, platform)
+    assert lowering.kernel_calls(exported, platform) == 0
+
+
+@pytest.mark.parametrize("platform", GPU)
+def test_calibration_step_lowers(platform):
+  """The streaming calibration's per-layer device work at GPT-J's shape: the layer forward
+  that sows site inputs, the Gram accumulation, the trace, and LOBPCG (krylov and cascade)."""
+  config = dataclasses.replace(ModelConfig.gptj_6b(), n_layers=1)
+  layer = param_shapes(config, jnp.bfloat16)[P.layer_name(0)]
+  x = jax.ShapeDtypeStruct((4, 256, config.d_model), jnp.bfloat16)
+  forward = jax.jit(functools.partial(calibration._layer_forward, block=Block(config,
+                                                                             jnp.bfloat16)))
+  assert_gpu_clean(lowering.export_for(forward, (layer, x), platform), platform)
+  _, inputs = jax.eval_shape(forward, layer, x)
+  grams = {site: jax.ShapeDtypeStruct((v.shape[-1],) * 2, jnp.float32)
+           for site, v in inputs.items()}
+  add = jax.jit(functools.partial(calibration._add_grams, mesh=None))
+  assert_gpu_clean(lowering.export_for(add, (grams, inputs), platform), platform)
+  G = jax.ShapeDtypeStruct((config.d_ff, config.d_ff), jnp.float32)
+  assert_gpu_clean(lowering.export_for(calibration._trace, (G,), platform), platform)
+  start = jax.ShapeDtypeStruct((config.d_ff, 256), jnp.float32)
+  exported = lowering.export_for(solvers._lobpcg, (G, start), platform)
+  assert_gpu_clean(exported, platform)
+  assert any("syevd" in t for t in lowering.custom_call_targets(exported))
+
+
+def test_cpu_only_work_is_caught():
+  """The checks above can fail: a host callback does not even lower for cuda, a CPU library
+  call (LAPACK) is foreign, and float64 is seen."""
+  arg = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+  callback = jax.jit(lambda x: jax.pure_callback(lambda a: a, arg, x))
+  with pytest.raises(ValueError, match="lowering platform cuda"):
+    lowering.export_for(callback, (arg,), "cuda")
+  eigh = jax.jit(lambda x: jnp.linalg.eigh(x)[0])
+  assert any("lapack" in t for t in lowering.foreign_calls(
+      lowering.export_for(eigh, (arg,), "cpu"), "cuda"))
+  with jax.enable_x64(True):
+    wide = jax.jit(lambda x: (x.astype(jnp.float64) * 2).astype(jnp.float32))
+    assert lowering.has_float64(lowering.export_for(wide, (arg,), "cuda"))
