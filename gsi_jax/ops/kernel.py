@@ -54,51 +54,47 @@ def _iota(n: int) -> jax.Array:
   return lax.broadcasted_iota(jnp.int32, (n,), 0)
 
 
+def _mask(rows_ok, cols_ok, shape):
+  """A 2-D load mask from optional per-row and per-column masks (None: nothing masked)."""
+  masks = [jnp.broadcast_to(m, shape) for m in
+           (None if rows_ok is None else rows_ok[:, None],
+            None if cols_ok is None else cols_ok[None, :]) if m is not None]
+  return None if not masks else masks[0] if len(masks) == 1 else masks[0] & masks[1]
+
+
 def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLayout,
             w_transposed: bool):
   j, s = pl.program_id(1), pl.program_id(2)
   state = state_ref[...]  # (block_t, 1): FAST, SLOW or PADDING
   bt, bo = lay.block_t, lay.block_o
-  col_ok = (j * bo + _iota(bo) < lay.out) if lay.mask_out else None
+  cols_ok = (j * bo + _iota(bo) < lay.out) if lay.mask_out else None
   vector = bt == 1  # one token: multiply and sum; else a tensor-core dot
   acc_shape = (bo,) if vector else (bt, bo)
+  zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
 
   def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed):
     """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed)."""
-    start = s * chunk
-
     def body(i, acc):
       r0 = pl.multiple_of(i * block, block)
-      row_ok = (start + r0 + _iota(block) < total) if masked else None
-      a_index = (jnp.int32(0), pl.ds(r0, block)) if vector else (slice(None), pl.ds(r0, block))
-      a_mask = row_ok if vector or row_ok is None else jnp.broadcast_to(row_ok[None], (bt, block))
-      a = _load(a_ref, a_index, a_mask)
-      if b_transposed:
-        b_index = (slice(None), pl.ds(r0, block))
-        rows, cols = (None, slice(None)), (slice(None), None)
+      rows_ok = (s * chunk + r0 + _iota(block) < total) if masked else None
+      if vector:
+        a = _load(a_ref, (jnp.int32(0), pl.ds(r0, block)), rows_ok)
       else:
-        b_index = (pl.ds(r0, block), slice(None))
-        rows, cols = (slice(None), None), (None, slice(None))
-      b_mask = None
-      if row_ok is not None or col_ok is not None:
-        b_shape = (bo, block) if b_transposed else (block, bo)
-        parts = [jnp.broadcast_to(m[where], b_shape)
-                 for m, where in ((row_ok, rows), (col_ok, cols)) if m is not None]
-        b_mask = parts[0] if len(parts) == 1 else parts[0] & parts[1]
-      b = _load(b_ref, b_index, b_mask)
-      dtype = jnp.promote_types(a.dtype, b.dtype)
+        a = _load(a_ref, (slice(None), pl.ds(r0, block)), _mask(None, rows_ok, (bt, block)))
+      if b_transposed:
+        b = _load(b_ref, (slice(None), pl.ds(r0, block)), _mask(cols_ok, rows_ok, (bo, block)))
+      else:
+        b = _load(b_ref, (pl.ds(r0, block), slice(None)), _mask(rows_ok, cols_ok, (block, bo)))
       if vector:
         a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
         return acc + (jnp.sum(b32 * a32[None, :], axis=1) if b_transposed
                       else jnp.sum(a32[:, None] * b32, axis=0))
+      dtype = jnp.promote_types(a.dtype, b.dtype)
       dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
       return acc + lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
                                    preferred_element_type=jnp.float32)
+    return lax.fori_loop(0, chunk // block, body, zeros())
 
-    zeros = jnp.zeros(acc_shape, jnp.float32)
-    return lax.fori_loop(0, chunk // block, body, zeros)
-
-  zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
   y_fast = lax.cond(jnp.max(state) == FAST,
                     lambda: reduce(g_ref, M_ref, lay.k_chunk, lay.block_k, lay.padded_k,
                                    lay.mask_k, False), zeros)
@@ -107,8 +103,7 @@ def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLay
                                    lay.mask_d, w_transposed), zeros)
   if vector:
     y_fast, y_slow = y_fast[None, :], y_slow[None, :]
-  y = jnp.where(state == FAST, y_fast, y_slow)
-  y_ref[...] = y.astype(y_ref.dtype)
+  y_ref[...] = jnp.where(state == FAST, y_fast, y_slow).astype(y_ref.dtype)
 
 
 def _pad(a: jax.Array, shape) -> jax.Array:
