@@ -105,7 +105,7 @@ def gsi_shapes(params, k: int, head_k: int = 0):
           P.M: {n: shape(k_site, W_n.shape[1], dtype=W_n.dtype) for n, W_n in kernels.items()}})
   if head_k:
     d, vocab = P.head_shape(params)
-    dtype = params[P.EMBED][P.EMBEDDING].dtype
+    dtype = P.head(params).get(P.KERNEL, params[P.EMBED][P.EMBEDDING]).dtype
     out = {**out, P.LM_HEAD: {**P.head(out), P.V: shape(d, head_k, dtype=dtype),
                               P.M: {P.HEAD_MAP: shape(head_k, vocab, dtype=dtype)}}}
   return out

@@ -15,7 +15,8 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
          interpreted on cpu);
   "auto": "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
          (`lax.platform_dependent`: the choice follows the lowering platform,
-         not the machine that traces).
+         not the machine that traces).  The rank ladder and the output-aware
+         gate run on "xla" only: "pallas" refuses them, "auto" takes "xla".
 """
 
 from __future__ import annotations
