@@ -104,6 +104,10 @@ class ScaleConfig:
     if self.calib_tokens < self.seq_len:
       raise GSIError(f"--calib_tokens ({self.calib_tokens}) must hold one --seq_len window "
                      f"({self.seq_len})")
+    if self.decode_layers and self.decode_k >= self.calib_tokens:
+      raise GSIError(f"--decode_k ({self.decode_k}) must be below --calib_tokens "
+                     f"({self.calib_tokens}): the calibration tokens span at most that many "
+                     "directions, and a larger basis is arbitrary past them")
     if not self.checkpoint:
       raise GSIError("--checkpoint is required: a folder holding (or to receive) the "
                      "random-weight checkpoint")
@@ -218,8 +222,12 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids) -> dict:
   bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
                             seq_len=cfg.seq_len, source="random token ids", progress=False)
   params = gsi_jax.apply_gsi(model.params, bases, cfg.decode_k)
-  prompt = np.asarray(ids)[:1, :16]
-  rho = residual_ratios(model, model.params, bases, np.asarray(ids)[:1], [cfg.decode_k])
+  # The gated point's eps and the prompt come from ids the bases never saw: on calibration
+  # tokens rho is in-sample (at k >= their count, ~0, and the gate would never fire).
+  held_out = np.random.default_rng(1).integers(0, model.config.vocab_size,
+                                               (1, cfg.seq_len)).astype(np.int32)
+  prompt = held_out[:, :16]
+  rho = residual_ratios(model, model.params, bases, held_out, [cfg.decode_k])
   median_rho = float(np.median(np.concatenate([r[:, 0] for s in rho.values() for r in s.values()])))
   dense_tps, dense_compile = decode_tokens_per_s(model, model.params, prompt, cfg.new_tokens,
                                                  cfg.repeats)
@@ -227,6 +235,7 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids) -> dict:
   share_of_peak = lambda gb_s: gb_s / cfg.peak_bandwidth_gb_s if cfg.peak_bandwidth_gb_s else None
   out = {"decode_layers": cfg.decode_layers, "decode_k": cfg.decode_k,
          "decode_dtype": cfg.decode_dtype, "peak_bandwidth_gb_s": cfg.peak_bandwidth_gb_s or None,
+         "gated_eps_from": "median rho of held-out random ids",
          "dense_bandwidth_share": share_of_peak(dense_tps * dense_bytes / 1e9),
          "decode_weights_gb": sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9,
          "dense_tokens_per_s": dense_tps, "dense_compile_s": dense_compile,

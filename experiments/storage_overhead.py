@@ -1,5 +1,7 @@
 """Bytes of M and V_k against the model, per k; and the same formula at GPT-J's shape.
 
+Sizes in MB are 10^6 bytes, as the paper's.
+
   python experiments/storage_overhead.py --k 128,256,384
 """
 
@@ -26,8 +28,8 @@ def paper_shape_overhead(config: ModelConfig, k: int) -> dict:
   params = sum(leaf.size for leaf in jax.tree.leaves(shapes))
   added = sum(mbytes.storage_elements(d, o, k) for _, _, d, o in P.site_shapes(shapes))
   return {"model": config.name, "k": k, "model_params": float(params),
-          "added_params": float(added), "model_mb": params * 2 / 2**20,
-          "added_mb": added * 2 / 2**20, "overhead": added / params,
+          "added_params": float(added), "model_mb": params * 2 / 1e6,
+          "added_mb": added * 2 / 1e6, "overhead": added / params,
           "dtype": "bfloat16 (shape only)"}
 
 
@@ -45,8 +47,8 @@ def storage_overhead(config: ExperimentConfig) -> tuple[experiment.Setup, list[d
       by_site.setdefault(site, kk * o / (d * o))
       v_total, m_total = v_total + d * kk, m_total + kk * o
     records.append({"model": s.model.config.name, "k": k, "model_params": b["params_total"],
-                    "added_params": added, "model_mb": b["params_total"] * itemsize / 2**20,
-                    "added_mb": added * itemsize / 2**20, "overhead": b["storage_overhead"],
+                    "added_params": added, "model_mb": b["params_total"] * itemsize / 1e6,
+                    "added_mb": added * itemsize / 1e6, "overhead": b["storage_overhead"],
                     "M_over_W_by_site": by_site, "V_over_M": v_total / m_total,
                     "dtype": str(s.model.dtype)})
   records += [paper_shape_overhead(ModelConfig.gptj_6b(), k) for k in config.k]

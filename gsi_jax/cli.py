@@ -60,7 +60,18 @@ def run(main: Callable) -> None:
       main(argv)
     except GSIError as e:
       fail(str(e))
+    except KeyboardInterrupt:
+      print(interrupted_message(), file=sys.stderr)
+      sys.exit(130)
   app.run(wrapped, flags_parser=_parse)
+
+
+def interrupted_message() -> str:
+  """One line on Ctrl-C: what is kept, and how to go on."""
+  cache = FLAGS["bases_dir"].value if "bases_dir" in FLAGS else None
+  kept = (f"calibrated layers are kept under {cache} and the same command resumes after "
+          "them" if cache else "nothing partial was written (outputs are written whole)")
+  return f"interrupted: {kept}"
 
 
 def numbers(name: str, values, cast) -> tuple:

@@ -32,14 +32,22 @@ DEFAULT_PROMPTS = (
 )
 
 
+# Written beside a JSON output: its table, its figure and pareto's allocation figure.
+SIBLING_SUFFIXES = (".md", ".png", "_allocation.png")
+
+
 def check_output_path(path: str, flag: str = "--out") -> str:
-  """Fail now, not after the compute: `path` must be a writable file path.
+  """Fail now, not after the compute: `path` must be a writable .json path whose
+  siblings (.md table, .png figure) can be created too and can never equal it.
 
   Creates its folder, as the write would.
   """
   path = os.path.abspath(path)
   if os.path.isdir(path):
     raise GSIError(f"{flag}: {path} is a folder; give a file path such as {path}/out.json")
+  if not path.endswith(".json"):
+    raise GSIError(f"{flag}: {path} must end in .json (the table and the figure are "
+                   "written beside it as .md and .png)")
   folder = os.path.dirname(path)
   probe = existing_ancestor(folder)
   if not os.path.isdir(probe):
@@ -50,6 +58,11 @@ def check_output_path(path: str, flag: str = "--out") -> str:
     raise GSIError(f"{flag}: cannot create {folder} ({e.strerror})") from None
   if not can_create_in(folder) or (os.path.exists(path) and not os.access(path, os.W_OK)):
     raise GSIError(f"{flag}: {path} is not writable")
+  stem = os.path.basename(path)[:-len(".json")]
+  longest = max((stem + suffix for suffix in SIBLING_SUFFIXES + (".json",)), key=len)
+  if len(longest.encode()) > os.pathconf(folder, "PC_NAME_MAX"):
+    raise GSIError(f"{flag}: the file name {os.path.basename(path)!r} is too long for "
+                   f"{folder} (its sibling {longest!r} must fit too); shorten it")
   return path
 
 
@@ -117,6 +130,13 @@ class ExperimentConfig:
       raise GSIError(f"--k values must be positive whole numbers, got {list(self.k)}")
     if not self.eps:
       raise GSIError("--eps is empty")
+    if not self.mode:
+      raise GSIError(f"--mode is empty; give one or more of {', '.join(MODES)}")
+    for name in ("k", "eps", "mode"):
+      values = list(getattr(self, name))
+      if len(set(values)) != len(values):
+        raise GSIError(f"--{name} repeats a value ({','.join(map(str, values))}); give each "
+                       "once")
     for e in self.eps:
       check_threshold("--eps values", e)
     for m in self.mode:

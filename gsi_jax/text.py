@@ -69,15 +69,35 @@ def pydoc_halves() -> tuple[str, str]:
 
 
 def check_source(source: str, flag: str) -> None:
-  """Fail before any compute when a text source cannot be read (named by its flag)."""
-  if source in (PYDOC_CALIB, PYDOC_EVAL) or source.startswith(HF_PREFIX):
+  """Fail before any compute when a text source cannot be used (named by its flag): a
+  file is read and decoded here, so an empty or non-UTF-8 one is caught before the model
+  loads."""
+  if source in (PYDOC_CALIB, PYDOC_EVAL):
     return
+  if source.startswith(HF_PREFIX):
+    _hf_parts(source[len(HF_PREFIX):])
+    return
+  _read_file(source, flag)
+
+
+def _read_file(source: str, flag: str) -> str:
   if os.path.isdir(source):
     raise GSIError(f"{flag}: {source} is a folder; pass a UTF-8 text file")
-  if not os.path.isfile(source):
+  if not os.path.exists(source):
     raise GSIError(f"{flag}: text file not found: {source}")
-  if not os.access(source, os.R_OK):
-    raise GSIError(f"{flag}: {source} is not readable")
+  if not os.path.isfile(source):
+    raise GSIError(f"{flag}: {source} is not a regular file (a FIFO or a device); pass a "
+                   "UTF-8 text file")
+  try:
+    with open(source, encoding="utf-8") as f:
+      text = f.read()
+  except UnicodeDecodeError:
+    raise GSIError(f"{flag}: {source} is not UTF-8 text") from None
+  except OSError as e:
+    raise GSIError(f"{flag}: {source} cannot be read ({e.strerror or e})") from None
+  if not text.strip():
+    raise GSIError(f"{flag}: {source} is empty")
+  return text
 
 
 def load_text(source: str, flag: str = "text source") -> str:
@@ -86,21 +106,18 @@ def load_text(source: str, flag: str = "text source") -> str:
     return pydoc_halves()[0 if source == PYDOC_CALIB else 1]
   if source.startswith(HF_PREFIX):
     return _hf_dataset_text(source[len(HF_PREFIX):])
-  check_source(source, flag)
-  try:
-    with open(source, encoding="utf-8") as f:
-      text = f.read()
-  except UnicodeDecodeError:
-    raise GSIError(f"{flag}: {source} is not UTF-8 text") from None
-  if not text.strip():
-    raise GSIError(f"{flag}: {source} is empty")
-  return text
+  return _read_file(source, flag)
+
+
+def _hf_parts(spec: str) -> list[str]:
+  parts = spec.split("/")
+  if len(parts) != 3 or not all(parts):
+    raise GSIError(f"hf text source must be hf:dataset/config/split, got hf:{spec}")
+  return parts
 
 
 def _hf_dataset_text(spec: str) -> str:
-  parts = spec.split("/")
-  if len(parts) != 3:
-    raise GSIError(f"hf text source must be hf:dataset/config/split, got hf:{spec}")
+  parts = _hf_parts(spec)
   try:
     import datasets
   except ImportError:

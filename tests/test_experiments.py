@@ -24,13 +24,18 @@ SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
 _MODULES = {}
 
 
-def run_in_process(script, argv):
+def experiment_module(script):
+  """experiments/{script}.py, imported once per process (its flags are defined once)."""
   if script not in _MODULES:
     spec = importlib.util.spec_from_file_location(script, os.path.join(ROOT, "experiments",
                                                                        script + ".py"))
     _MODULES[script] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(_MODULES[script])
-  module = _MODULES[script]
+  return _MODULES[script]
+
+
+def run_in_process(script, argv):
+  module = experiment_module(script)
   flags.FLAGS.unparse_flags()
   flags.FLAGS([script] + argv)
   try:
@@ -97,6 +102,16 @@ def check_storage_overhead(records):
   ours = sorted((r for r in records if r["dtype"] == "float32"), key=lambda r: r["k"])
   assert all(r["overhead"] > 0 for r in ours)
   assert [r["added_params"] for r in ours] == sorted(r["added_params"] for r in ours)
+  for r in records:  # MB are 10^6 bytes of the record's dtype
+    itemsize = 4 if r["dtype"] == "float32" else 2
+    assert r["added_mb"] == pytest.approx(r["added_params"] * itemsize / 1e6)
+    assert r["model_mb"] == pytest.approx(r["model_params"] * itemsize / 1e6)
+  gptj = {r["k"]: r for r in records if r["model"] == "gptj-6b"}
+  assert gptj, "the GPT-J rows are missing"
+  for k, r in gptj.items():  # V_k (d x k) and M (k x O) per site: linear in k below d = 4096
+    assert r["model_params"] == pytest.approx(6.05e9, rel=0.01)
+    assert r["added_params"] == pytest.approx(k * gptj[min(gptj)]["added_params"] / min(gptj))
+    assert r["overhead"] == pytest.approx(r["added_params"] / r["model_params"])
 
 
 def check_theorem4_check(records):

@@ -140,7 +140,8 @@ def test_checkpoint_roundtrip_is_bit_identical(tiny, tmp_path):
   model, bases, _ = tiny("gpt2")
   gsi_jax.save_bases(str(tmp_path / "b"), bases)
   back = gsi_jax.load_bases(str(tmp_path / "b"), fingerprint=bases.meta["fingerprint"])
-  assert {k: v for k, v in back.meta.items() if k != "checksums"} == bases.meta
+  assert {k: v for k, v in back.meta.items()
+          if k not in ("checksums", "meta_sha256")} == bases.meta
   for layer, site in bases.sites():
     for field in ("vectors", "eigenvalues", "trace"):
       a, b = getattr(bases, field)[layer][site], getattr(back, field)[layer][site]
@@ -370,19 +371,33 @@ def test_flipped_bytes_in_a_checkpoint_are_never_restored(tiny, tmp_path, where)
     gsi_jax.load_bases(str(path))
 
 
-def test_restore_checks_values(tiny, tmp_path):
-  """Checksums that match non-finite or non-orthonormal values (a bad writer) still fail."""
+def test_bad_values_are_refused_at_save_and_at_restore(tiny, tmp_path):
+  """save_bases refuses non-finite or non-orthonormal bases; values that a bad writer
+  stored with matching checksums still fail at restore."""
   from gsi_jax.gsi import checkpoint
   model, bases, _ = tiny("gpt2")
   import copy
   bad = copy.deepcopy(bases)
   layer, site = bad.sites()[0]
+
+  def write_bypassing_checks(path):
+    arrays = bad.arrays()
+    meta = checkpoint.sealed({**bad.meta, "format_version": gsi_jax.gsi.bases.FORMAT_VERSION},
+                             arrays)
+    with checkpoint._manager(path, create=True) as manager:
+      checkpoint._save(manager, 1, arrays, meta)
+
   bad.vectors[layer][site] = bad.vectors[layer][site] * 2  # not orthonormal
-  gsi_jax.save_bases(str(tmp_path / "a"), bad)
+  with pytest.raises(GSIError, match="refusing to save .* not orthonormal"):
+    gsi_jax.save_bases(str(tmp_path / "refused"), bad)
+  assert not (tmp_path / "refused").exists()
+  write_bypassing_checks(str(tmp_path / "a"))
   with pytest.raises(GSIError, match="not orthonormal"):
     gsi_jax.load_bases(str(tmp_path / "a"))
   bad.vectors[layer][site][0, 0] = np.nan
-  gsi_jax.save_bases(str(tmp_path / "b"), bad)
+  with pytest.raises(GSIError, match="refusing to save .* non-finite"):
+    gsi_jax.save_bases(str(tmp_path / "refused"), bad)
+  write_bypassing_checks(str(tmp_path / "b"))
   with pytest.raises(GSIError, match="non-finite"):
     gsi_jax.load_bases(str(tmp_path / "b"))
   with pytest.raises(GSIError, match="is a file"):

@@ -139,7 +139,8 @@ def test_calibration_on_a_mesh_equals_single_device(tmp_path):
   assert "MESH_OK" in proc.stdout, proc.stderr[-3000:]
 
 
-TINY_GPTJ = dict(vocab_size=101, n_positions=64, n_embd=64, n_layer=3, n_head=4, rotary_dim=8)
+TINY_GPTJ = dict(vocab_size=101, n_positions=64, n_embd=64, n_layer=3, n_head=4, rotary_dim=8,
+                 bos_token_id=0, eos_token_id=0)  # ids inside the tiny vocabulary
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +215,8 @@ def test_scale_benchmark_end_to_end(sharded_checkpoint, tmp_path):
     (["--k=0"], "--k must be a positive whole number"),
     (["--checkpoint="], "--checkpoint is required"),
     (["--calib_tokens=16"], "must hold one --seq_len window"),
+    (["--decode_layers=1", "--decode_k=512", "--calib_tokens=512"],
+     "--decode_k \\(512\\) must be below --calib_tokens"),
     (["--decode_layers=-1"], "--decode_layers must be >= 0"),
     (["--layers=9"], "--layers=9 exceeds the 3 layers"),
     (["--eigh_layers=4"], "--eigh_layers=4 exceeds the 3 layers"),

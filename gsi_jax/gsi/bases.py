@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
+import weakref
 from typing import Any
 
 import jax
@@ -11,7 +13,7 @@ import numpy as np
 
 from gsi_jax.models import params as P
 
-FORMAT_VERSION = 2  # 2: checksums of every array in the metadata
+FORMAT_VERSION = 3  # 2: checksums of every array; 3: and of the metadata itself
 
 
 @dataclasses.dataclass
@@ -46,12 +48,53 @@ class Bases:
             for layer, sites in self.vectors.items()}
 
 
+# id(tensor) -> (weak reference, digest): a tensor is hashed once while it lives.
+_TENSOR_DIGESTS: dict[int, tuple[weakref.ref, bytes]] = {}
+
+
+def _tensor_digest(leaf) -> bytes:
+  """SHA-256 of one tensor's dtype, shape and bytes (one host copy at a time)."""
+  hit = _TENSOR_DIGESTS.get(id(leaf))
+  if hit is not None and hit[0]() is leaf:
+    return hit[1]
+  host = np.ascontiguousarray(jax.device_get(leaf))
+  h = hashlib.sha256(f"{host.dtype.name}{host.shape}".encode())
+  h.update(host.reshape(-1).view(np.uint8))
+  digest = h.digest()
+  try:
+    ref = weakref.ref(leaf, lambda _, key=id(leaf): _TENSOR_DIGESTS.pop(key, None))
+  except TypeError:  # a Python scalar: cheap to hash again
+    return digest
+  _TENSOR_DIGESTS[id(leaf)] = (ref, digest)
+  return digest
+
+
 def fingerprint(params) -> str:
-  """Identity of a model's weights: shapes of every site plus a sample of values."""
+  """Identity of a model's weights: every byte of every dense tensor, with its path.
+
+  Streamed a tensor at a time, so a 6B model costs one read; GSI's additions are
+  left out, so a rewritten tree keeps its model's identity.
+  """
   h = hashlib.sha256()
-  for layer, sites in sorted(P.site_kernels(params).items()):
-    for site, kernels in sorted(sites.items()):
-      for name, W in sorted(kernels.items()):
-        h.update(f"{layer}/{site}/{name}{tuple(W.shape)}".encode())
-        h.update(np.asarray(jax.device_get(W.reshape(-1)[:64]), np.float32).tobytes())
-  return h.hexdigest()[:16]
+  for path, leaf in jax.tree_util.tree_flatten_with_path(P.dense_params(params))[0]:
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(_tensor_digest(leaf))
+  return h.hexdigest()[:24]
+
+
+def windows_digest(ids_NT: np.ndarray) -> str:
+  """Identity of calibration windows: their ids and their shape (a seq_len change shows)."""
+  ids = np.ascontiguousarray(ids_NT, np.int32)
+  return hashlib.sha256(f"{ids.shape}".encode() + ids.tobytes()).hexdigest()[:24]
+
+
+def config_digest(config) -> str:
+  """Identity of an architecture: every field of its ModelConfig but the display name."""
+  fields = {k: v for k, v in dataclasses.asdict(config).items() if k != "name"}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def calibration_identity(model, params, ids_NT: np.ndarray) -> dict[str, str]:
+  """What a calibration's result depends on, besides its solver and k_max."""
+  return {"fingerprint": fingerprint(params), "config_sha256": config_digest(model.config),
+          "dtype": np.dtype(model.dtype).name, "text_sha256": windows_digest(ids_NT)}

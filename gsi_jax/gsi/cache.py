@@ -1,15 +1,27 @@
-"""Reuse calibrated bases across runs: one Orbax checkpoint per (model, text, settings)."""
+"""Reuse calibrated bases across runs: one Orbax checkpoint per (model, text, settings).
+
+The cache key hashes everything the bases depend on: every byte of the weights, the
+architecture, the compute dtype, the calibration windows (ids and shape) and the
+solver.  A restored checkpoint must also carry that identity in its checksummed
+metadata, so neither a key collision nor an edited checkpoint hands on bases
+calibrated for something else.  Runs that share a cache entry take turns (a file
+lock): the second restores what the first calibrated.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import json
 import logging
 import os
+import re
 import shutil
 import time
 
 from gsi_jax.errors import GSIError
-from gsi_jax.gsi.bases import Bases, fingerprint
+from gsi_jax.gsi.bases import Bases, calibration_identity
 from gsi_jax.gsi.calibration import calibrate
 from gsi_jax.gsi.checkpoint import check_writable, load_bases, save_bases
 from gsi_jax.text import TokenWindows
@@ -17,35 +29,71 @@ from gsi_jax.text import TokenWindows
 DEFAULT_BASES_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gsi_jax", "bases")
 
 
-def bases_path(bases_dir: str, model_fingerprint: str, windows: TokenWindows, method: str) -> str:
-  text_id = hashlib.sha256(windows.ids.tobytes()).hexdigest()[:12]
-  return os.path.join(bases_dir, f"{model_fingerprint}-{text_id}-{method}")
+def bases_path(bases_dir: str, model_name: str, identity: dict, method: str) -> str:
+  key = hashlib.sha256(json.dumps({**identity, "method": method}, sort_keys=True).encode())
+  label = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[:64] or "model"
+  return os.path.join(bases_dir, f"{label}-{method}-{key.hexdigest()[:24]}")
+
+
+@contextlib.contextmanager
+def _one_run_at_a_time(path: str):
+  """Hold `path`.lock; a second run on the same entry waits here (and says so)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".lock", "a") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info("another run is calibrating into %s; waiting for it", path)
+      fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _restore(path: str, identity: dict, method: str, k_max: int) -> Bases | None:
+  """The bases at `path` if they are this run's and reach k_max; else None (and why)."""
+  try:
+    bases = load_bases(path)
+  except GSIError as e:
+    logging.warning("ignoring cached bases: %s", e)
+    return None
+  other = sorted(k for k, v in {**identity, "method": method}.items() if bases.meta.get(k) != v)
+  if other:
+    logging.warning("ignoring cached bases at %s: calibrated with another %s", path,
+                    ", ".join(other))
+    return None
+  if bases.k_max < k_max:
+    return None
+  logging.info("bases restored from %s (k_max=%d)", path, bases.k_max)
+  return bases
 
 
 def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str = "eigh",
                  bases_dir: str | None = DEFAULT_BASES_DIR) -> Bases:
   """Restore bases calibrated on exactly these windows, or calibrate and save them."""
-  fp = fingerprint(params)
-  path = bases_path(bases_dir, fp, windows, method) if bases_dir else None
-  if path:
-    check_writable(path)  # before the calibration, not after it
-  if path and os.path.isdir(path):
-    try:
-      bases = load_bases(path, fingerprint=fp)
-      if bases.k_max >= k_max:
-        logging.info("bases restored from %s (k_max=%d)", path, bases.k_max)
-        return bases
-    except GSIError as e:
-      logging.warning("ignoring cached bases: %s", e)
+  if not bases_dir:
+    return _calibrate(model, params, windows, k_max, method, progress=None)
+  identity = calibration_identity(model, params, windows.ids)
+  path = bases_path(bases_dir, model.config.name or model.config.family, identity, method)
+  check_writable(path)  # before the calibration, not after it
+  with _one_run_at_a_time(path):
+    bases = _restore(path, identity, method, k_max) if os.path.isdir(path) else None
+    if bases is None:
+      progress = path + "-layers"  # resumes an interrupted calibration
+      bases = _calibrate(model, params, windows, k_max, method, progress)
+      save_bases(path, bases)
+      shutil.rmtree(progress, ignore_errors=True)
+      logging.info("bases saved to %s", path)
+  return bases
+
+
+def _calibrate(model, params, windows: TokenWindows, k_max: int, method: str,
+               progress: str | None) -> Bases:
   t0 = time.time()
   logging.info("calibrating %s on %d tokens of %s (k_max=%d, %s)", model.config.name,
                windows.n_tokens, windows.source, k_max, method)
-  progress = path + "-layers" if path else None  # resumes an interrupted calibration
   bases = calibrate(model, params, windows.ids, k_max, method=method, source=windows.source,
-                    resume_dir=progress)
+                    seq_len=windows.ids.shape[1], resume_dir=progress)
   logging.info("calibration took %.1f s", time.time() - t0)
-  if path:
-    save_bases(path, bases)
-    shutil.rmtree(progress, ignore_errors=True)
-    logging.info("bases saved to %s", path)
   return bases

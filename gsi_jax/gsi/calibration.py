@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from gsi_jax import sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import cascade, solvers
-from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, fingerprint
+from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
 from gsi_jax.gsi.checkpoint import LayerProgress
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block, Decoder
@@ -223,18 +223,17 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   matrices by rows across its devices.
   """
   _check_method(method, k_max)
+  token_ids = np.asarray(model.ids(token_ids, "calibration ids", 1 if np.ndim(token_ids) == 1
+                                   else 2))
   ids = windows(token_ids, seq_len)
   if k_max > P.widest_site(params):
     raise GSIError(f"k_max={k_max} exceeds the widest site ({P.widest_site(params)})")
   if mesh is not None:
     params = sharding.shard_params(params, mesh)
-  meta = {
-      "model": model.config.name, "source_model": model.source,
-      "fingerprint": fingerprint(params), "text_source": source, "tokens": int(ids.size),
-      "seq_len": int(ids.shape[1]), "dtype": str(jnp.dtype(model.dtype)),
-  }
-  run = {**meta, "method": method, "k_max": int(k_max),
-         "text_sha256": LayerProgress.text_digest(ids)}
+  meta = {"model": model.config.name, "source_model": model.source, "text_source": source,
+          "tokens": int(ids.size), "seq_len": int(ids.shape[1]),
+          **calibration_identity(model, params, ids)}
+  run = {**meta, "method": method, "k_max": int(k_max)}
   layer_names = P.layers(P.site_kernels(params))
   store = LayerProgress(resume_dir, run) if resume_dir else None
   vectors, eigenvalues, trace, costs = {}, {}, {}, {}

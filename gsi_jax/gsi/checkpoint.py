@@ -11,6 +11,7 @@ orthonormal: damaged bases are never handed on.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 
@@ -22,6 +23,7 @@ from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
 from gsi_jax.models import params as P
 
 ORTHONORMAL_TOL = 1e-3  # float32 vectors of width up to 16384
+META_SHA256 = "meta_sha256"
 
 
 def _manager(path: str, create: bool, max_to_keep: int | None = 2):
@@ -37,6 +39,18 @@ def checksums(arrays: dict) -> dict[str, str]:
   flat = jax.tree_util.tree_flatten_with_path(arrays)[0]
   return {"/".join(str(p.key) for p in path): hashlib.sha256(
       np.ascontiguousarray(leaf).tobytes()).hexdigest() for path, leaf in flat}
+
+
+def _meta_digest(meta: dict) -> str:
+  body = {k: v for k, v in meta.items() if k != META_SHA256}
+  return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(meta: dict, arrays: dict) -> dict:
+  """`meta` with the arrays' checksums, then a checksum over all of it: an edit to the
+  metadata (k_max, the fingerprint, ...) is caught like an edit to the arrays."""
+  meta = {**meta, "checksums": checksums(arrays)}
+  return {**meta, META_SHA256: _meta_digest(meta)}
 
 
 def can_create_in(folder: str) -> bool:
@@ -69,8 +83,12 @@ def check_writable(path: str) -> None:
 def save_bases(path: str, bases: Bases) -> int:
   """Save as the next step under `path`; returns the step."""
   check_writable(path)
+  problem = _invalid(bases)
+  if problem:
+    raise GSIError(f"refusing to save bases to {path}: {problem}; the model or the "
+                   "calibration text gives activations that no basis can describe")
   arrays = jax.tree.map(np.asarray, bases.arrays())
-  meta = {**bases.meta, "format_version": FORMAT_VERSION, "checksums": checksums(arrays)}
+  meta = sealed({**bases.meta, "format_version": FORMAT_VERSION}, arrays)
   try:
     with _manager(path, create=True) as manager:
       step = (manager.latest_step() or 0) + 1
@@ -81,30 +99,39 @@ def save_bases(path: str, bases: Bases) -> int:
   return step
 
 
-def _check_sums(path: str, arrays: dict, stored) -> None:
-  if stored is None:
+def _check_sums(path: str, arrays: dict, meta: dict) -> None:
+  if meta.get("checksums") is None or META_SHA256 not in meta:
     raise GSIError(f"{path}: bases carry no checksums (an older format); calibrate again")
-  if checksums(arrays) != stored:
+  if _meta_digest(meta) != meta[META_SHA256] or checksums(arrays) != meta["checksums"]:
     raise GSIError(f"{path}: bases fail their checksums; the checkpoint is damaged, "
                    "delete it and calibrate again")
 
 
 def _check_values(path: str, bases: Bases) -> None:
-  _check_sums(path, bases.arrays(), bases.meta.get("checksums"))
+  _check_sums(path, bases.arrays(), bases.meta)
   _check_orthonormal(path, bases)
 
 
-def _check_orthonormal(path: str, bases: Bases) -> None:
+def _invalid(bases: Bases) -> str | None:
+  """What makes these bases unusable (shapes, non-finite values, not orthonormal), or None."""
   for layer, site in bases.sites():
-    V = bases.vectors[layer][site]
-    w = bases.eigenvalues[layer][site]
+    V = np.asarray(bases.vectors[layer][site])
+    w = np.asarray(bases.eigenvalues[layer][site])
     if V.ndim != 2 or w.shape != (V.shape[1],):
-      raise GSIError(f"{path}: arrays of {layer}/{site} have inconsistent shapes; damaged")
-    if not (np.all(np.isfinite(V)) and np.all(np.isfinite(w))):
-      raise GSIError(f"{path}: {layer}/{site} holds non-finite values; damaged")
+      return f"the arrays of {layer}/{site} have inconsistent shapes"
+    if not (np.all(np.isfinite(V)) and np.all(np.isfinite(w))
+            and np.all(np.isfinite(bases.trace[layer][site]))):
+      return f"{layer}/{site} holds non-finite values"
     gram = V.astype(np.float64).T @ V.astype(np.float64)
     if np.abs(gram - np.eye(V.shape[1])).max() > ORTHONORMAL_TOL:
-      raise GSIError(f"{path}: the vectors of {layer}/{site} are not orthonormal; damaged")
+      return f"the vectors of {layer}/{site} are not orthonormal"
+  return None
+
+
+def _check_orthonormal(path: str, bases: Bases) -> None:
+  problem = _invalid(bases)
+  if problem:
+    raise GSIError(f"{path}: {problem}; damaged, delete it and calibrate again")
 
 
 def _restore(manager, step: int, path: str):
@@ -139,10 +166,6 @@ class LayerProgress:
     check_writable(path)
     self.path, self.run = path, run
 
-  @staticmethod
-  def text_digest(ids: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(ids).tobytes()).hexdigest()[:16]
-
   def _layers(self, create: bool):
     return _manager(os.path.join(self.path, "layers"), create, max_to_keep=None)
 
@@ -151,13 +174,18 @@ class LayerProgress:
 
   def save(self, index: int, vectors, eigenvalues, trace, costs, x_NTD) -> None:
     layer = {"vectors": vectors, "eigenvalues": eigenvalues, "trace": trace}
+    name = P.layer_name(index)
+    problem = _invalid(Bases({name: vectors}, {name: eigenvalues}, {name: trace}, {}))
+    if problem:
+      raise GSIError(f"calibration of {name} failed: {problem}; the model or the "
+                     "calibration text gives activations that no basis can describe")
     carry = {"hidden": np.asarray(jax.device_get(x_NTD))}
     try:
       with self._layers(create=True) as manager:
-        _save(manager, index + 1, layer, {"run": self.run, "index": index, "costs": costs,
-                                          "checksums": checksums(layer)})
+        _save(manager, index + 1, layer,
+              sealed({"run": self.run, "index": index, "costs": costs}, layer))
       with self._carry(create=True) as manager:
-        _save(manager, index + 1, carry, {"run": self.run, "checksums": checksums(carry)})
+        _save(manager, index + 1, carry, sealed({"run": self.run}, carry))
     except OSError as e:
       raise GSIError(f"cannot save calibration progress to {self.path} "
                      f"({e.strerror or e}); earlier layers there are untouched") from None
@@ -171,17 +199,17 @@ class LayerProgress:
       if done is None:
         return 0, None
       carry, meta = _restore(manager, done, self.path)
+    _check_sums(self.path, carry, meta)
     if meta.get("run") != self.run:
       raise GSIError(f"{self.path} holds a calibration with other settings "
                      f"({meta.get('run')}); pass an empty folder to start afresh")
-    _check_sums(self.path, carry, meta.get("checksums"))
     with self._layers(create=False) as manager:
       for step in range(1, done + 1):
         arrays, meta = _restore(manager, step, self.path)
+        _check_sums(self.path, arrays, meta)
         if meta.get("run") != self.run or meta.get("index") != step - 1:
           raise GSIError(f"{self.path}: layer step {step} belongs to another calibration; "
                          "pass an empty folder to start afresh")
-        _check_sums(self.path, arrays, meta.get("checksums"))
         layer = P.layer_name(step - 1)
         _check_orthonormal(self.path, Bases({layer: arrays["vectors"]},
                                             {layer: arrays["eigenvalues"]},

@@ -35,32 +35,48 @@ def _field(reader, key, default=None):
   return default if field is None else field.contents()
 
 
+def _number(reader, path: str, key: str, kind=int, default=None):
+  """A numeric metadata field; a missing required one or a value of another type is named."""
+  value = _field(reader, key, default)
+  if value is None:
+    raise GSIError(f"{path}: GGUF metadata lacks {key}; the file is incomplete")
+  try:
+    return kind(value)
+  except (TypeError, ValueError):
+    raise GSIError(f"{path}: GGUF metadata {key}={value!r} is not a number") from None
+
+
 def config_from_gguf(reader, path: str) -> ModelConfig:
   """The ModelConfig of a Llama-architecture GGUF, from its metadata."""
   arch = _field(reader, "general.architecture")
   if arch != "llama":
     raise GSIError(f"{path}: GGUF architecture {arch!r} is not supported (llama only)")
   a = "llama."
-  d = int(_field(reader, a + "embedding_length"))
-  heads = int(_field(reader, a + "attention.head_count"))
+  d = _number(reader, path, a + "embedding_length")
+  heads = _number(reader, path, a + "attention.head_count")
+  if heads < 1:
+    raise GSIError(f"{path}: GGUF metadata {a}attention.head_count={heads} must be positive")
   names = {t.name for t in reader.tensors}
   scaling = _field(reader, a + "rope.scaling.type")
   if scaling not in (None, "none"):
     raise GSIError(f"{path}: RoPE scaling {scaling!r} is not supported")
-  vocab = _field(reader, a + "vocab_size")
-  if vocab is None:
-    vocab = len(reader.get_field("tokenizer.ggml.tokens").data)
-  head_dim = int(_field(reader, a + "attention.key_length", d // heads))
-  return ModelConfig(
-      family="llama", vocab_size=int(vocab), d_model=d,
-      n_layers=int(_field(reader, a + "block_count")), n_heads=heads,
-      n_kv_heads=int(_field(reader, a + "attention.head_count_kv", heads)),
-      head_dim=head_dim, d_ff=int(_field(reader, a + "feed_forward_length")),
-      activation="silu", norm="rmsnorm",
-      norm_eps=float(_field(reader, a + "attention.layer_norm_rms_epsilon", 1e-5)),
-      gated_mlp=True, rope_theta=float(_field(reader, a + "rope.freq_base", 10000.0)),
-      tied_embeddings="output.weight" not in names,
-      name=str(_field(reader, "general.name", os.path.basename(path))))
+  tokens = reader.get_field("tokenizer.ggml.tokens")
+  fields = dict(
+      vocab_size=_number(reader, path, a + "vocab_size",
+                         default=None if tokens is None else len(tokens.data)),
+      n_layers=_number(reader, path, a + "block_count"),
+      n_kv_heads=_number(reader, path, a + "attention.head_count_kv", default=heads),
+      head_dim=_number(reader, path, a + "attention.key_length", default=d // heads),
+      d_ff=_number(reader, path, a + "feed_forward_length"),
+      norm_eps=_number(reader, path, a + "attention.layer_norm_rms_epsilon", float, 1e-5),
+      rope_theta=_number(reader, path, a + "rope.freq_base", float, 10000.0))
+  try:
+    return ModelConfig(
+        family="llama", d_model=d, n_heads=heads, activation="silu", norm="rmsnorm",
+        gated_mlp=True, tied_embeddings="output.weight" not in names,
+        name=str(_field(reader, "general.name", os.path.basename(path))), **fields)
+  except GSIError as e:  # a value out of range: name the file too
+    raise GSIError(f"{path}: {e}") from None
 
 
 def tensor_getter(reader, path: str):

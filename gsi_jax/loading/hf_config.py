@@ -26,7 +26,7 @@ IGNORED = {
     "gradient_checkpointing", "tokenizer_class", "prefix", "n_ctx", "max_position_embeddings",
     "pretraining_tp", "reorder_and_upcast_attn", "_attn_implementation_autoset",
     "use_return_dict", "torchscript", "tie_encoder_decoder", "pruned_heads",
-    "finetuning_task", "quantization_config", "keys_to_ignore_at_inference",
+    "finetuning_task", "keys_to_ignore_at_inference",
 }
 
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
@@ -43,6 +43,15 @@ class _Reader:
   def get(self, key, default=None):
     self.seen.add(key)
     return self.raw.get(key, default)
+
+  def need(self, key):
+    """A required positive integer attribute (a size or a count)."""
+    value = self.get(key)
+    if value is None:
+      raise GSIError(f"{self.family} config lacks {key!r}; add it to config.json")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      raise GSIError(f"{self.family} config: {key}={value!r} must be a positive integer")
+    return value
 
   def require(self, key, allowed, default=None):
     value = self.get(key, default)
@@ -67,22 +76,22 @@ def _gpt2(r: _Reader) -> ModelConfig:
   r.require("scale_attn_by_inverse_layer_idx", {False}, False)
   r.require("add_cross_attention", {False}, False)
   r.require("tie_word_embeddings", {True}, True)
-  d = r.get("n_embd")
+  d = r.need("n_embd")
   return ModelConfig(
-      family="gpt2", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("n_layer"),
-      n_heads=r.get("n_head"), n_kv_heads=r.get("n_head"), head_dim=d // r.get("n_head"),
+      family="gpt2", vocab_size=r.need("vocab_size"), d_model=d, n_layers=r.need("n_layer"),
+      n_heads=r.need("n_head"), n_kv_heads=r.need("n_head"), head_dim=d // r.need("n_head"),
       d_ff=r.get("n_inner") or 4 * d, activation=r.activation("activation_function", "gelu_new"),
       norm="layernorm", norm_eps=r.get("layer_norm_epsilon", 1e-5),
-      learned_positions=r.get("n_positions"), attn_bias=True, attn_out_bias=True,
+      learned_positions=r.need("n_positions"), attn_bias=True, attn_out_bias=True,
       mlp_bias=True, tied_embeddings=True)
 
 
 def _gptj(r: _Reader) -> ModelConfig:
   r.require("tie_word_embeddings", {False}, False)
-  d, h = r.get("n_embd"), r.get("n_head")
+  d, h = r.need("n_embd"), r.need("n_head")
   r.get("n_positions")  # rotary: no table to size
   return ModelConfig(
-      family="gptj", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("n_layer"),
+      family="gptj", vocab_size=r.need("vocab_size"), d_model=d, n_layers=r.need("n_layer"),
       n_heads=h, n_kv_heads=h, head_dim=d // h, d_ff=r.get("n_inner") or 4 * d,
       activation=r.activation("activation_function", "gelu_new"), norm="layernorm",
       norm_eps=r.get("layer_norm_epsilon", 1e-5), rotary_dim=r.get("rotary_dim") or d // h,
@@ -92,14 +101,15 @@ def _gptj(r: _Reader) -> ModelConfig:
 def _opt(r: _Reader) -> ModelConfig:
   r.require("tie_word_embeddings", {True}, True)
   r.require("layer_norm_elementwise_affine", {True}, True)
-  d, h = r.get("hidden_size"), r.get("num_attention_heads")
+  d, h = r.need("hidden_size"), r.need("num_attention_heads")
   pre_norm = r.require("do_layer_norm_before", {True, False}, True)
   remove_final = r.require("_remove_final_layer_norm", {True, False}, False)
   bias = r.require("enable_bias", {True, False}, True)
   proj = r.get("word_embed_proj_dim") or d
   return ModelConfig(
-      family="opt", vocab_size=r.get("vocab_size"), d_model=d, n_layers=r.get("num_hidden_layers"),
-      n_heads=h, n_kv_heads=h, head_dim=d // h, d_ff=r.get("ffn_dim"),
+      family="opt", vocab_size=r.need("vocab_size"), d_model=d,
+      n_layers=r.need("num_hidden_layers"),
+      n_heads=h, n_kv_heads=h, head_dim=d // h, d_ff=r.need("ffn_dim"),
       activation=r.activation("activation_function", "relu"), norm="layernorm", norm_eps=1e-5,
       learned_positions=r.raw.get("max_position_embeddings", 2048) + 2, position_offset=2,
       pre_norm=pre_norm, final_norm=pre_norm and not remove_final, attn_bias=bias,
@@ -109,7 +119,11 @@ def _opt(r: _Reader) -> ModelConfig:
 
 def _llama_rope(r: _Reader) -> tuple[float, tuple | None]:
   params = r.get("rope_parameters") or {}
-  theta = params.get("rope_theta", r.get("rope_theta", 10000.0))
+  top = r.get("rope_theta")
+  if top is not None and "rope_theta" in params and top != params["rope_theta"]:
+    raise GSIError(f"llama config: rope_theta={top!r} and rope_parameters.rope_theta="
+                   f"{params['rope_theta']!r} disagree; keep one")
+  theta = params.get("rope_theta", 10000.0 if top is None else top)
   scaling = r.get("rope_scaling") or params
   kind = scaling.get("rope_type", scaling.get("type", "default"))
   if kind == "default":
@@ -123,13 +137,13 @@ def _llama_rope(r: _Reader) -> tuple[float, tuple | None]:
 def _llama(r: _Reader) -> ModelConfig:
   r.require("attention_bias", {False}, False)
   mlp_bias = r.require("mlp_bias", {True, False}, False)
-  d, h = r.get("hidden_size"), r.get("num_attention_heads")
+  d, h = r.need("hidden_size"), r.need("num_attention_heads")
   theta, scaling = _llama_rope(r)
   return ModelConfig(
-      family="llama", vocab_size=r.get("vocab_size"), d_model=d,
-      n_layers=r.get("num_hidden_layers"), n_heads=h,
+      family="llama", vocab_size=r.need("vocab_size"), d_model=d,
+      n_layers=r.need("num_hidden_layers"), n_heads=h,
       n_kv_heads=r.get("num_key_value_heads") or h, head_dim=r.get("head_dim") or d // h,
-      d_ff=r.get("intermediate_size"), activation=r.activation("hidden_act", "silu"),
+      d_ff=r.need("intermediate_size"), activation=r.activation("hidden_act", "silu"),
       norm="rmsnorm", norm_eps=r.get("rms_norm_eps", 1e-6), gated_mlp=True,
       rope_theta=theta, rope_scaling=scaling, mlp_bias=mlp_bias,
       tied_embeddings=bool(r.get("tie_word_embeddings", False)))
@@ -146,6 +160,12 @@ def config_from_hf(raw: dict[str, Any], name: str = "") -> ModelConfig:
   if model_type not in TRANSLATORS:
     raise GSIError(f"model_type {model_type!r} is not supported; supported: "
                    f"{sorted(TRANSLATORS)}")
+  if "quantization_config" in raw:
+    method = (raw["quantization_config"] or {}).get("quant_method", "unnamed") \
+        if isinstance(raw["quantization_config"], dict) else "unnamed"
+    raise GSIError(f"{model_type} config has a quantization_config ({method}): quantized "
+                   "Hugging Face checkpoints are not supported; load the float checkpoint "
+                   "(or a GGUF file)")
   reader = _Reader(raw, model_type)
   try:
     config = TRANSLATORS[model_type](reader)

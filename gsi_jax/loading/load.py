@@ -53,16 +53,42 @@ def param_shapes(config: ModelConfig, dtype):
   return jax.eval_shape(module.init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]
 
 
-def _eos_ids(tokenizer, configured=None) -> tuple[int, ...]:
+def _eos_ids(tokenizer, origin: str, configured=None) -> tuple[int, ...]:
   """End-of-sequence ids: config.json's (an int or a list), else the tokenizer's."""
   if configured is None and tokenizer is not None:
     configured = tokenizer.eos_token_id
   if configured is None:
     return ()
-  return tuple(int(i) for i in (configured if isinstance(configured, list) else [configured]))
+  ids = configured if isinstance(configured, list) else [configured]
+  if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    raise GSIError(f"{origin}: eos_token_id={configured!r} is not a token id or a list of "
+                   "them; fix the model's config")
+  return tuple(ids)
+
+
+def _check_tokenizer(config: ModelConfig, tokenizer, eos_ids, origin: str) -> None:
+  """Every id the tokenizer or the EOS list can produce must index the embedding table."""
+  if tokenizer is not None and len(tokenizer) > config.vocab_size:
+    raise GSIError(f"{origin}: the tokenizer has {len(tokenizer)} tokens but the model's "
+                   f"vocabulary only {config.vocab_size}; the tokenizer belongs to another model")
+  for i in eos_ids:
+    if not 0 <= i < config.vocab_size:
+      raise GSIError(f"{origin}: end-of-sequence id {i} is outside the vocabulary "
+                     f"(0..{config.vocab_size - 1}); fix eos_token_id")
+
+
+def _read_tokenizer(build, origin: str):
+  """The tokenizer `build()` returns; any failure of a present but unusable one is named."""
+  try:
+    return build()
+  except Exception as e:  # the tokenizer libraries raise many kinds for a broken file
+    detail = " ".join(str(e).split())[:200]
+    raise GSIError(f"{origin}: the tokenizer cannot be built ({type(e).__name__}: "
+                   f"{detail}); repair or remove it") from None
 
 
 def _build(config, table, get, dtype, origin, tokenizer, source, eos_ids=()) -> Model:
+  _check_tokenizer(config, tokenizer, eos_ids, origin)
   dtype = jnp.dtype(dtype)
   params = mapping.fill_params(table, get, param_shapes(config, dtype), dtype, origin)
   return Model(config=config, params=params, tokenizer=tokenizer, dtype=dtype, source=source,
@@ -82,9 +108,9 @@ def load_gguf(path: str, dtype="float32", n_layers: int | None = None) -> Model:
   """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
   config = _first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
-  tokenizer = gguf_file.tokenizer_from_gguf(reader, path)
+  tokenizer = _read_tokenizer(lambda: gguf_file.tokenizer_from_gguf(reader, path), path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
-                dtype, path, tokenizer, path, _eos_ids(tokenizer))
+                dtype, path, tokenizer, path, _eos_ids(tokenizer, path))
 
 
 def _hf_tensor_getter(folder: str):
@@ -159,15 +185,21 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None) ->
     raise GSIError(f"{config_path} is not valid JSON ({e}); fix or replace it") from None
   if not isinstance(raw, dict):
     raise GSIError(f"{config_path} must hold a JSON object, got {type(raw).__name__}")
-  config = _first_layers(config_from_hf(raw, name=os.path.basename(os.path.normpath(folder))),
-                         n_layers)
+  try:
+    config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
+  except GSIError as e:
+    raise GSIError(f"{config_path}: {e}") from None
+  config = _first_layers(config, n_layers)
+  # Checked before the tokenizer, whose own build would fail on it less clearly.
+  configured_eos = _eos_ids(None, config_path, raw.get("eos_token_id"))
   tokenizer = None
   if any(os.path.exists(os.path.join(folder, n)) for n in
          ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = _read_tokenizer(lambda: AutoTokenizer.from_pretrained(folder), folder)
   return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
-                dtype, folder, tokenizer, folder, _eos_ids(tokenizer, raw.get("eos_token_id")))
+                dtype, folder, tokenizer, folder,
+                configured_eos or _eos_ids(tokenizer, folder))
 
 
 def _download(repo_id: str) -> str:

@@ -172,8 +172,18 @@ def gguf_llama_table(c: ModelConfig) -> list[Entry]:
 HF_TABLES = {"gpt2": gpt2_table, "gptj": gptj_table, "opt": opt_table, "llama": llama_table}
 
 
+def _refuse_non_finite(origin: str, name: str, value: np.ndarray, dtype) -> None:
+  bad = int(np.size(value) - np.isfinite(np.asarray(value, np.float32)).sum())
+  if bad:
+    raise GSIError(f"{origin}: tensor {name} holds {bad} NaN or infinite values; the "
+                   "checkpoint is damaged, download or convert it again")
+  raise GSIError(f"{origin}: tensor {name} overflows {jnp.dtype(dtype).name}; load the model "
+                 "in float32 or bfloat16")
+
+
 def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes, dtype, origin: str):
-  """Build the parameter tree from `table`, checking every shape.
+  """Build the parameter tree from `table`, checking every shape and dtype, and that
+  every value is finite: a damaged or quantized checkpoint never runs.
 
   `shapes` is the tree of ShapeDtypeStructs the model declares; every leaf
   must be filled exactly once.  Each tensor becomes a jax array as soon as it
@@ -186,11 +196,17 @@ def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes
     if entry.path not in flat:
       raise GSIError(f"{origin}: mapping names {'/'.join(entry.path)}, which the model lacks")
     value = np.asarray(entry.transform(get(entry.source)))
+    if not jnp.issubdtype(value.dtype, jnp.floating):
+      raise GSIError(f"{origin}: tensor {entry.source} is stored as {value.dtype.name}: "
+                     "quantized or integer weights are not supported; load the float "
+                     "checkpoint (or a GGUF file)")
     want = flat[entry.path].shape
     if value.shape != want:
       raise GSIError(f"{origin}: {entry.source} has shape {value.shape} after conversion, "
                      f"expected {want} for {'/'.join(entry.path)}")
     out[entry.path] = jnp.asarray(value, dtype)
+    if not bool(jnp.isfinite(out[entry.path]).all()):
+      _refuse_non_finite(origin, entry.source, value, dtype)
   missing = sorted("/".join(p) for p in flat if p not in out)
   if missing:
     raise GSIError(f"{origin}: no source tensor for {missing[:5]}")

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.models.model import _forward
+from gsi_jax.models.model import _forward, check_gate
 from gsi_jax.ops import Gate
 
 COLLECTIONS = ("gate_stats", "sparsity_stats", "head_stats")
@@ -45,6 +45,8 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
 
   The last position of each window has no target and is left out everywhere.
   """
+  windows_NT = np.asarray(model.ids(windows_NT, "windows"))
+  check_gate(gate)
   nll, top1, totals = [], [], None
   for i in range(0, len(windows_NT), batch_size):
     n, t, c = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)

@@ -8,11 +8,27 @@ serves them all and the GSI transform sees the same parameter layout.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from gsi_jax.errors import GSIError
 
 FAMILIES = ("gpt2", "gptj", "opt", "llama")
 ACTIVATIONS = ("gelu_tanh", "gelu", "relu", "silu")
+NORMS = ("layernorm", "rmsnorm")
+_POSITIVE_INTS = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff")
+_COUNTS = ("learned_positions", "position_offset", "rotary_dim", "embed_proj_dim")
+_POSITIVE_FLOATS = ("norm_eps", "rope_theta")
+_SWITCHES = ("gated_mlp", "rope_interleaved", "parallel_block", "pre_norm", "final_norm",
+             "attn_bias", "attn_out_bias", "mlp_bias", "norm_bias", "tied_embeddings",
+             "lm_head_bias")
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_positive_float(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +96,36 @@ class ModelConfig:
   name: str = ""
 
   def __post_init__(self):
-    if self.family not in FAMILIES:
-      raise GSIError(f"family {self.family!r} not in {FAMILIES}")
-    if self.activation not in ACTIVATIONS:
-      raise GSIError(f"activation {self.activation!r} not in {ACTIVATIONS}")
+    """Every field typed and in range: a config that cannot be right never runs."""
+    def bad(field, want):
+      raise GSIError(f"model config: {field}={getattr(self, field)!r} is invalid; it must be "
+                     f"{want} (fix the model's config)")
+    for name, allowed in (("family", FAMILIES), ("activation", ACTIVATIONS), ("norm", NORMS)):
+      if getattr(self, name) not in allowed:
+        bad(name, f"one of {allowed}")
+    for name in _POSITIVE_INTS:
+      if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+        bad(name, "a positive integer")
+    for name in _COUNTS:
+      if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+        bad(name, "an integer >= 0")
+    for name in _POSITIVE_FLOATS:
+      if not _is_positive_float(getattr(self, name)):
+        bad(name, "a finite number > 0")
+    for name in _SWITCHES:
+      if not isinstance(getattr(self, name), bool):
+        bad(name, "true or false")
+    if not isinstance(self.name, str):
+      bad("name", "a string")
     if self.n_heads % self.n_kv_heads:
-      raise GSIError("n_heads must be a multiple of n_kv_heads")
+      bad("n_kv_heads", f"a divisor of n_heads={self.n_heads}")
+    if self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+      bad("rotary_dim", f"even and at most head_dim={self.head_dim} (0: all)")
+    if self.family != "llama" and self.q_dim != self.d_model:
+      bad("n_heads", f"such that n_heads x head_dim = d_model={self.d_model}")
+    if self.rope_scaling is not None and not all(
+        isinstance(k, str) and _is_positive_float(v) for k, v in self.rope_scaling):
+      bad("rope_scaling", "(name, finite number > 0) pairs")
 
   @property
   def q_dim(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import jax
@@ -74,6 +75,44 @@ def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
   return out, steps, decode_counts
 
 
+def device_memory_bytes() -> int:
+  """Memory of the default device: an accelerator's own limit, else the host's RAM."""
+  stats = jax.devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return int(stats["bytes_limit"])
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_gate(gate) -> None:
+  if gate is not None and not isinstance(gate, Gate):
+    raise GSIError(f"gate must be a gsi_jax.ops.Gate (make_gate(...)) or None, "
+                   f"got {type(gate).__name__}")
+
+
+def check_ids(input_ids, vocab_size: int, what: str = "input_ids", ndim: int = 2) -> jax.Array:
+  """`input_ids` as int32, after checking that they are integers of rank `ndim` within the
+  vocabulary: an id past the embedding table would read zeros or NaN, not fail."""
+  if isinstance(input_ids, jax.core.Tracer):  # traced: only the static facts are known
+    if not jnp.issubdtype(input_ids.dtype, jnp.integer) or input_ids.ndim != ndim:
+      raise GSIError(f"{what} must be integer ids of rank {ndim}, got "
+                     f"{input_ids.dtype} of rank {input_ids.ndim}")
+    return input_ids.astype(jnp.int32)
+  try:
+    ids = np.asarray(input_ids)
+  except ValueError:
+    raise GSIError(f"{what} is ragged: every row must have the same number of tokens "
+                   "(pad them, or pass the rows one at a time)") from None
+  if ids.dtype == object or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+    raise GSIError(f"{what} must hold integer token ids, got {ids.dtype}")
+  if ids.ndim != ndim:
+    raise GSIError(f"{what} must have rank {ndim} ((batch, tokens) for rank 2), got shape "
+                   f"{ids.shape}")
+  if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    raise GSIError(f"{what} holds ids outside the vocabulary 0..{vocab_size - 1} "
+                   f"(min {ids.min()}, max {ids.max()})")
+  return jnp.asarray(ids, jnp.int32)
+
+
 @dataclasses.dataclass
 class Model:
   """What `gsi_jax.load_model` returns.
@@ -100,15 +139,29 @@ class Model:
       raise GSIError(f"{what} of {tokens} tokens exceeds {c.name or c.family}'s "
                      f"{c.learned_positions - c.position_offset} positions")
 
+  def ids(self, input_ids, what: str = "input_ids", ndim: int = 2) -> jax.Array:
+    return check_ids(input_ids, self.config.vocab_size, what, ndim)
+
+  def check_cache_fits(self, batch: int, tokens: int) -> None:
+    """Refuse a KV cache larger than the device's memory, before allocating it."""
+    c = self.config
+    need = 2 * c.n_layers * batch * tokens * c.kv_dim * jnp.dtype(self.dtype).itemsize
+    have = device_memory_bytes()
+    if need > have:
+      raise GSIError(f"a KV cache for {batch} x {tokens} tokens needs {need / 2**30:.1f} GiB, "
+                     f"more than this device's {have / 2**30:.1f} GiB; shorten the prompt or "
+                     "max_new_tokens")
+
   def logits(self, params, input_ids, gate: Gate | None = None) -> jax.Array:
     """(B, T) int ids -> (B, T, vocab) float32 logits."""
-    return _forward(self.module, params, jnp.asarray(input_ids, jnp.int32), gate)[0]
+    check_gate(gate)
+    return _forward(self.module, params, self.ids(input_ids), gate)[0]
 
   def forward(self, params, input_ids, gate: Gate | None = None,
               collections: tuple[str, ...] = ("gate_stats",)):
     """Logits plus the sown collections ("gate_stats", "site_inputs")."""
-    return _forward(self.module, params, jnp.asarray(input_ids, jnp.int32), gate,
-                    tuple(collections))
+    check_gate(gate)
+    return _forward(self.module, params, self.ids(input_ids), gate, tuple(collections))
 
   def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
                return_stats: bool = False, stop_at_eos: bool = True):
@@ -120,13 +173,16 @@ class Model:
     fast share}} over the decode steps run (the prompt's prefill excluded),
     which is what batch-1 decoding reads.
     """
-    if int(max_new_tokens) < 1:
-      raise GSIError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    ids = jnp.asarray(input_ids, jnp.int32)
-    if ids.ndim != 2 or ids.shape[1] == 0:
-      raise GSIError(f"generate takes a (batch, tokens) prompt of at least one token, "
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) \
+        or max_new_tokens < 1:
+      raise GSIError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_gate(gate)
+    ids = self.ids(input_ids, "the prompt")
+    if ids.shape[1] == 0:
+      raise GSIError("generate takes a (batch, tokens) prompt of at least one token, "
                      f"got shape {ids.shape}")
     self.check_length(ids.shape[1] + int(max_new_tokens), "prompt plus new tokens")
+    self.check_cache_fits(ids.shape[0], ids.shape[1] + int(max_new_tokens))
     # Never-matching ids of the same shape: decoding with and without the stop shares
     # one compiled program.
     eos = jnp.asarray(self.eos_ids if stop_at_eos else (-1,) * len(self.eos_ids), jnp.int32)

@@ -1,0 +1,107 @@
+"""The committed results back what RESULTS.md says of them, and the summaries in each JSON
+are what the scripts' own helpers compute from its records."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gsi_jax import metrics
+from tests.test_experiments import experiment_module
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load(name):
+  with open(os.path.join(ROOT, "results", name), encoding="utf-8") as f:
+    return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def pareto():
+  return experiment_module("pareto")
+
+
+def test_frontier_interpolates_along_the_front_only(pareto):
+  records = [{"bytes_fraction": 0.5, "ppl_ratio": 2.0}, {"bytes_fraction": 0.7, "ppl_ratio": 3.0},
+             {"bytes_fraction": 0.9, "ppl_ratio": 1.2}, {"bytes_fraction": 1.0, "ppl_ratio": 1.0}]
+  assert pareto.frontier_at(records, 0.4, "ppl_ratio") is None  # cannot get that cheap
+  assert pareto.frontier_at(records, 0.5, "ppl_ratio") == 2.0
+  # (0.7, 3.0) is dominated: the front runs (0.5, 2.0) -> (0.9, 1.2)
+  assert pareto.frontier_at(records, 0.7, "ppl_ratio") == pytest.approx(1.6)
+  assert pareto.frontier_at(records, 2.0, "ppl_ratio") == 1.0
+  top1 = [{"bytes_fraction": b, "top1_agreement": q} for b, q in ((0.5, 0.6), (0.8, 0.9))]
+  assert pareto.frontier_at(top1, 0.65, "top1_agreement") == pytest.approx(0.75)
+
+
+def test_best_measured_takes_the_fastest_within_each_limit(pareto):
+  records = [
+      {"method": "a", "knob": "x", "measured_speedup": 1.5, "ppl_ratio": 1.2,
+       "bytes_fraction": 0.5, "tokens_per_s": 3.0},
+      {"method": "b", "knob": "y", "measured_speedup": 0.9, "ppl_ratio": 1.0,
+       "bytes_fraction": 1.1, "tokens_per_s": 1.8},
+      {"method": "c", "knob": "z", "ppl_ratio": 1.0, "bytes_fraction": 0.4},  # not timed
+  ]
+  rows = {r["ppl_ratio_limit"]: r for r in pareto.best_measured(records)}
+  assert set(rows) == set(pareto.PPL_LIMITS)
+  assert rows[1.01]["method"] == "b" and rows[1.10]["method"] == "b"
+  assert pareto.best_measured(records[2:])[0] == {"ppl_ratio_limit": pareto.PPL_LIMITS[0]}
+
+
+def test_pareto_summaries_are_recomputed_from_its_records(pareto):
+  result = load("pareto.json")
+  records, config = result["records"], result["config"]
+  for row in config["budgets"]:
+    for method in pareto.METHODS:
+      mine = [r for r in records if r["method"] == method]
+      for key, column in (("ppl_ratio", f"{method}_ppl_ratio"), ("top1_agreement",
+                                                                 f"{method}_top1")):
+        expected = pareto.frontier_at(mine, row["budget"], key)
+        assert row[column] == (None if expected is None else pytest.approx(expected)), column
+  assert config["best_measured"] == pareto.best_measured(records)
+  # RESULTS §13: nothing decodes faster than dense at a perplexity ratio <= 1.05, and
+  # 1.3x or more comes only at x26 or worse.
+  assert all(r["measured_speedup"] < 1 for r in records
+             if r.get("measured_speedup") and r["ppl_ratio"] <= 1.05)
+  fast = [r for r in records if r.get("measured_speedup", 0) >= 1.3]
+  assert fast and min(r["ppl_ratio"] for r in fast) == pytest.approx(26.92, abs=0.01)
+
+
+def test_depth_coherence_against_its_floor():
+  """RESULTS §5: attn_in and mlp_in far above two random subspaces, attn_out just above,
+  mlp_out at the floor; the floor itself is recomputed."""
+  result = load("depth_coherence.json")
+  summary = {(r["k"], r["site"]): r for r in result["config"]["summary"]}
+  widths = {"attn_in": 576, "mlp_in": 576, "attn_out": 576, "mlp_out": 1536}
+  for (k, site), row in summary.items():
+    assert row["random_subspaces"] == pytest.approx(
+        metrics.random_subspace_cosine(widths[site], k), abs=1e-9)
+    values = [r["mean_cosine"] for r in result["records"] if r["k"] == k and r["site"] == site]
+    assert row["mean_over_layers"] == pytest.approx(np.mean(values))
+  for k in (64, 256):
+    floor = summary[(k, "attn_in")]["random_subspaces"]
+    for site in ("attn_in", "mlp_in"):
+      assert summary[(k, site)]["deeper_half_mean"] > floor + 0.25
+    assert floor < summary[(k, "attn_out")]["mean_over_layers"] < floor + 0.05
+    mlp_out = summary[(k, "mlp_out")]
+    assert abs(mlp_out["mean_over_layers"] - mlp_out["random_subspaces"]) < 0.02
+
+
+def test_calibration_cost_deficit_is_as_small_as_stated():
+  """RESULTS §6: the cascade's captured-energy deficit is at most 8.8e-6 of the trace."""
+  records = load("calibration_cost.json")["records"]
+  deficits = [r["energy_deficit"] for r in records]
+  assert len(deficits) == 120 and min(deficits) > -1e-6
+  assert max(deficits) == pytest.approx(8.8e-6, abs=0.05e-6)
+
+
+def test_storage_overhead_counts_megabytes_as_the_paper_does():
+  """RESULTS §7: MB are 10^6 bytes; GPT-J's rows scale linearly in k."""
+  records = load("storage_overhead.json")["records"]
+  gptj = {r["k"]: r for r in records if r["model"] == "gptj-6b"}
+  assert sorted(gptj) == [128, 256, 384]
+  assert gptj[128]["added_mb"] == pytest.approx(gptj[128]["added_params"] * 2 / 1e6)
+  assert round(gptj[128]["added_mb"]) == 440 and round(gptj[256]["added_mb"]) == 881
+  for k, r in gptj.items():
+    assert r["added_params"] == pytest.approx(k / 128 * gptj[128]["added_params"])

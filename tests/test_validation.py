@@ -1,0 +1,319 @@
+"""Nothing wrong runs: bad configs, tensors and tokenizers are refused by name; the bases
+cache identifies exactly what was calibrated; the API checks its arguments."""
+
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gsi_jax
+from gsi_jax import GSIError
+from gsi_jax.gsi import fingerprint
+from gsi_jax.gsi.cache import cached_bases
+from gsi_jax.text import TokenWindows
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CALIB = np.arange(96, dtype=np.int32) % 97 + 1
+
+
+def _copy(tiny_folder, tmp_path, name, **overrides):
+  folder, _ = tiny_folder(name)
+  dst = tmp_path / "model"
+  shutil.copytree(folder, dst)
+  config = json.loads((dst / "config.json").read_text())
+  config.update(overrides)
+  (dst / "config.json").write_text(json.dumps(config))
+  return dst
+
+
+@pytest.mark.parametrize("name, overrides, message", [
+    ("gpt2", {"n_head": 0}, "n_head=0 must be a positive integer"),
+    ("gpt2", {"n_head": 3}, "n_heads=3 is invalid"),
+    ("gpt2", {"vocab_size": "101"}, "vocab_size='101' must be a positive integer"),
+    ("gpt2", {"n_layer": None}, "lacks 'n_layer'"),
+    ("llama_mha", {"rope_parameters": {"rope_theta": -1.0, "rope_type": "default"}},
+     "rope_theta=-1.0 is invalid"),
+    ("llama_mha", {"rope_theta": 500.0}, "rope_theta=500.0 and rope_parameters.rope_theta"),
+    ("llama_mha", {"rms_norm_eps": float("nan")}, "norm_eps=nan is invalid"),
+    ("llama_mha", {"num_key_value_heads": 3}, "n_kv_heads=3 is invalid"),
+    ("gptj", {"rotary_dim": 7}, "rotary_dim=7 is invalid"),
+    ("opt", {"quantization_config": {"quant_method": "gptq", "bits": 4}},
+     "quantization_config \\(gptq\\)"),
+    ("gpt2", {"eos_token_id": 500}, "end-of-sequence id 500 is outside the vocabulary"),
+    ("gpt2", {"eos_token_id": "</s>"}, "eos_token_id='</s>' is not a token id"),
+    ("gpt2", {"vocab_size": 50}, "tokenizer has 99 tokens but the model's vocabulary only 50"),
+])
+def test_configs_that_cannot_be_right_are_refused(tiny_folder, tmp_path, name, overrides,
+                                                  message):
+  folder = _copy(tiny_folder, tmp_path, name, **overrides)
+  with pytest.raises(GSIError, match=message):
+    gsi_jax.load_model(str(folder))
+
+
+def _edit_tensor(folder, key, edit):
+  from safetensors.torch import load_file, save_file
+  state = load_file(f"{folder}/model.safetensors")
+  state[key] = edit(state[key])
+  save_file(state, f"{folder}/model.safetensors")
+
+
+def test_non_finite_weights_are_refused(tiny_folder, tmp_path):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+
+  def poison(w):
+    w = w.clone()
+    w[0] = math.nan
+    return w
+  _edit_tensor(folder, "transformer.h.1.ln_2.weight", poison)
+  with pytest.raises(GSIError, match="h.1.ln_2.weight holds 1 NaN or infinite values"):
+    gsi_jax.load_model(str(folder))
+
+
+def test_values_that_overflow_the_dtype_are_refused(tiny_folder, tmp_path):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  _edit_tensor(folder, "transformer.wte.weight", lambda w: w * 1e6)
+  gsi_jax.load_model(str(folder))  # float32 holds them
+  with pytest.raises(GSIError, match="wte.weight overflows float16"):
+    gsi_jax.load_model(str(folder), dtype="float16")
+
+
+def test_integer_tensors_are_refused_by_name(tiny_folder, tmp_path):
+  import torch
+  folder = _copy(tiny_folder, tmp_path, "llama_mha")
+  _edit_tensor(folder, "model.layers.0.mlp.up_proj.weight", lambda w: (w * 100).to(torch.int8))
+  with pytest.raises(GSIError, match="up_proj.weight is stored as int8"):
+    gsi_jax.load_model(str(folder))
+
+
+def test_a_broken_tokenizer_is_named(tiny_folder, tmp_path):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  (folder / "tokenizer.json").write_text("{ this is not a tokenizer")
+  with pytest.raises(GSIError, match="the tokenizer cannot be built"):
+    gsi_jax.load_model(str(folder))
+
+
+@pytest.mark.parametrize("drop, set_, message", [
+    ("llama.embedding_length", {}, "lacks llama.embedding_length"),
+    (None, {"llama.attention.head_count": 0}, "head_count=0 must be positive"),
+    (None, {"llama.rope.freq_base": -5.0}, "rope_theta=-5.0 is invalid"),
+    (None, {"llama.block_count": 0}, "n_layers=0 is invalid"),
+])
+def test_gguf_metadata_that_cannot_be_right_is_refused(tmp_path, drop, set_, message):
+  import gguf
+  fields = {"llama.embedding_length": 32, "llama.attention.head_count": 4,
+            "llama.block_count": 2, "llama.feed_forward_length": 48,
+            "llama.rope.freq_base": 10000.0, "llama.vocab_size": 101, **set_}
+  path = str(tmp_path / "bad.gguf")
+  writer = gguf.GGUFWriter(path, "llama")
+  for key, value in fields.items():
+    if key == drop:
+      continue
+    if isinstance(value, float):
+      writer.add_float32(key, value)
+    else:
+      writer.add_int32(key, value) if value <= 0 else writer.add_uint32(key, value)
+  writer.add_tensor("token_embd.weight", np.zeros((101, 32), np.float32))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  with pytest.raises(GSIError, match=message):
+    gsi_jax.load_model(path)
+
+
+# The weights' identity: every byte, not a sample.
+
+def test_fingerprint_covers_every_byte_of_every_tensor(tiny_folder):
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  params = model.params
+  base = fingerprint(params)
+  assert fingerprint(params) == base
+  norm = params["layer_1"]["mlp_norm"]["norm"]["scale"]
+  changed = {**params, "layer_1": {**params["layer_1"], "mlp_norm": {"norm": {
+      **params["layer_1"]["mlp_norm"]["norm"], "scale": norm.at[0].add(1e-3)}}}}
+  assert fingerprint(changed) != base  # a norm, which a kernel sample never saw
+  W = params["layer_0"]["mlp_out"]["kernel"]["fc_out"]
+  last = {**params, "layer_0": {**params["layer_0"], "mlp_out": {
+      **params["layer_0"]["mlp_out"], "kernel": {"fc_out": W.at[-1, -1].add(1e-3)}}}}
+  assert fingerprint(last) != base  # the last value of a kernel
+  bases = gsi_jax.calibrate(model, params, CALIB, k_max=8, seq_len=16, progress=False)
+  assert fingerprint(gsi_jax.apply_gsi(params, bases, 4)) == base  # GSI keys left out
+  with pytest.raises(GSIError, match="calibrated for another model"):
+    gsi_jax.apply_gsi(changed, bases, 4)
+
+
+def _run_cached(model, params, ids, tmp_path, caplog, seq_len=16):
+  windows = TokenWindows(ids.reshape(-1, seq_len), "test text")
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    bases = cached_bases(model, params, windows, 8, bases_dir=str(tmp_path / "bases"))
+  restored = any("bases restored" in r.getMessage() for r in caplog.records)
+  return bases, restored
+
+
+def test_the_cache_restores_only_what_this_run_would_calibrate(tiny_folder, tmp_path, caplog):
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  first, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  assert not restored
+  again, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  assert restored and again.meta == {**first.meta, **{k: again.meta[k] for k in
+                                                      ("checksums", "meta_sha256")}}
+  # The same tokens cut into other windows, and the same shapes with another norm.
+  _, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog, seq_len=32)
+  assert not restored
+  norm = model.params["final_norm"]["norm"]["scale"]
+  other = {**model.params, "final_norm": {"norm": {"scale": norm * 0 + 2}}}
+  _, restored = _run_cached(model, other, CALIB, tmp_path, caplog)
+  assert not restored
+  entries = sorted(p for p in os.listdir(tmp_path / "bases") if not p.endswith(".lock"))
+  assert len(entries) == 3
+
+
+def test_edited_metadata_is_caught_and_recalibrated(tiny_folder, tmp_path, caplog):
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  (entry,) = [p for p in (tmp_path / "bases").iterdir() if not p.name.endswith(".lock")]
+  (meta_file,) = [f for f in (entry / "1" / "meta").rglob("*") if f.is_file()
+                  and '"k_max"' in f.read_text(errors="ignore")]
+  meta = json.loads(meta_file.read_text())
+  meta["k_max"] = 10_000  # a poisoned k_max would claim bases it does not hold
+  meta_file.write_text(json.dumps(meta))
+  with pytest.raises(GSIError, match="checksums"):
+    gsi_jax.load_bases(str(entry))
+  bases, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  assert not restored and bases.k_max == 8
+  assert any("ignoring cached bases" in r.getMessage() for r in caplog.records)
+  assert gsi_jax.load_bases(str(entry)).k_max == 8  # the new step supersedes the edit
+
+
+CONCURRENT = """
+import logging, sys
+import numpy as np
+import gsi_jax
+from gsi_jax.gsi.cache import cached_bases
+from gsi_jax.text import TokenWindows
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+model = gsi_jax.load_model(sys.argv[1])
+ids = (np.arange(96, dtype=np.int32) % 97 + 1).reshape(-1, 16)
+cached_bases(model, model.params, TokenWindows(ids, "text"), 8, bases_dir=sys.argv[2])
+print("done")
+"""
+
+
+def test_two_runs_on_one_cache_entry_take_turns(tiny_folder, tmp_path):
+  """Both finish; one calibrates and the other restores its bases (no Orbax collision)."""
+  folder = tiny_folder("gpt2")[0]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT, folder, str(tmp_path / "b")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT) for _ in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  logs = "".join(err for _, err in outs)
+  assert logs.count("calibration took") == 1 and logs.count("bases restored") == 1, logs
+
+
+# The Python API checks its arguments.
+
+@pytest.fixture(scope="module")
+def llama(tiny_folder):
+  return gsi_jax.load_model(tiny_folder("llama_mha")[0])
+
+
+@pytest.mark.parametrize("ids, message", [
+    ([[1, 2, 101]], "outside the vocabulary 0..100"),
+    ([[1, -1]], "outside the vocabulary"),
+    (np.array([[1.0, 2.0]]), "must hold integer token ids, got float64"),
+    ([1, 2, 3], "must have rank 2"),
+    ([[1, 2], [3]], "ragged"),
+])
+def test_bad_ids_are_refused_everywhere(llama, ids, message):
+  with pytest.raises(GSIError, match=message):
+    llama.logits(llama.params, ids)
+  with pytest.raises(GSIError, match=message):
+    llama.generate(llama.params, ids, 2)
+  with pytest.raises(GSIError, match=message):
+    gsi_jax.metrics.score(llama, llama.params, ids)
+
+
+def test_bad_calibration_ids_are_refused(llama):
+  with pytest.raises(GSIError, match="outside the vocabulary"):
+    gsi_jax.calibrate(llama, llama.params, CALIB + 100, 8, seq_len=16, progress=False)
+  with pytest.raises(GSIError, match="integer token ids"):
+    gsi_jax.calibrate(llama, llama.params, CALIB.astype(np.float32), 8, seq_len=16,
+                      progress=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer >= 1, got 2.5"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"max_new_tokens": 2, "gate": 0.5}, "gate must be a gsi_jax.ops.Gate"),
+    ({"max_new_tokens": 10**12}, "a KV cache for 1 x .* tokens needs .* GiB"),
+])
+def test_bad_generate_arguments_are_refused(llama, kwargs, message):
+  with pytest.raises(GSIError, match=message):
+    llama.generate(llama.params, [[1, 2]], **kwargs)
+
+
+# Experiment settings fail before any compute.
+
+def _config(tmp_path, **kw):
+  from gsi_jax.experiment import ExperimentConfig
+  return ExperimentConfig(**{"bases_dir": "", "out": str(tmp_path / "out.json"), **kw})
+
+
+def test_text_sources_are_read_and_checked_up_front(tmp_path):
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  empty, latin = tmp_path / "empty.txt", tmp_path / "latin.txt"
+  empty.write_text("  \n")
+  latin.write_bytes("caf\xe9".encode("latin-1"))
+  for source, message in ((str(fifo), "not a regular file"), ("/dev/null", "not a regular file"),
+                          (str(empty), "is empty"), (str(latin), "not UTF-8"),
+                          ("hf:wikitext/only-two", "hf:dataset/config/split"),
+                          (str(tmp_path / "absent.txt"), "text file not found")):
+    with pytest.raises(GSIError, match=f"--calib_text_file: .*{message}|{message}"):
+      _config(tmp_path, calib_text_file=source)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"out": "results/table.md"}, "must end in .json"),
+    ({"out": "x" * 250 + ".json"}, "too long"),
+    ({"k": (8, 8)}, "--k repeats a value"),
+    ({"eps": (0.1, 0.1)}, "--eps repeats a value"),
+    ({"mode": ()}, "--mode is empty"),
+])
+def test_bad_experiment_settings_are_refused(tmp_path, kw, message):
+  if "out" in kw:
+    kw = {**kw, "out": str(tmp_path / kw["out"])}
+  with pytest.raises(GSIError, match=message):
+    _config(tmp_path, **kw)
+
+
+INTERRUPTED = """
+from gsi_jax import cli
+cli.define_experiment_flags()
+def main(argv):
+  raise KeyboardInterrupt
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("bases_dir, message", [
+    ("/tmp/some/cache", "interrupted: calibrated layers are kept under /tmp/some/cache and the "
+                        "same command resumes after them"),
+    ("", "interrupted: nothing partial was written"),
+])
+def test_ctrl_c_ends_with_one_line(bases_dir, message):
+  proc = subprocess.run([sys.executable, "-c", INTERRUPTED, f"--bases_dir={bases_dir}"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 130
+  assert proc.stderr.strip().splitlines() == [message + (
+      "" if bases_dir else " (outputs are written whole)")]
