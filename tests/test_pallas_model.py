@@ -32,7 +32,9 @@ def compare(model, params, ids, eps, atol):
   return np.mean([m.mean() for m in ma.values()])
 
 
-@pytest.mark.parametrize("name", ["gpt2", "gptj", "opt", "llama_gqa"])
+# MHA with biases (gpt2) and GQA with a gated MLP (llama_gqa): GPT-J's and OPT's maps add
+# no new kind of call for the kernel, and cost ~40 s each here.
+@pytest.mark.parametrize("name", ["gpt2", "llama_gqa"])
 def test_tiny_models_through_the_kernel(tiny_folder, name):
   model = gsi_jax.load_model(tiny_folder(name)[0])
   bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=12, seq_len=16, progress=False)
