@@ -216,7 +216,7 @@ def test_scale_benchmark_end_to_end(sharded_checkpoint, tmp_path):
     (["--checkpoint="], "--checkpoint is required"),
     (["--calib_tokens=16"], "must hold one --seq_len window"),
     (["--decode_layers=1", "--decode_k=512", "--calib_tokens=512"],
-     "--decode_k \\(512\\) must be below --calib_tokens"),
+     "--decode_k (512) must be below --calib_tokens"),
     (["--decode_layers=-1"], "--decode_layers must be >= 0"),
     (["--layers=9"], "--layers=9 exceeds the 3 layers"),
     (["--eigh_layers=4"], "--eigh_layers=4 exceeds the 3 layers"),

@@ -3,9 +3,10 @@
 Each save is a new step of an Orbax CheckpointManager: Orbax writes into a
 temporary folder and renames it only once complete, so an interrupted or
 failed save never touches the steps already there, and restore reads the
-newest complete one.  The metadata carries a SHA-256 of every array, and a
-restore checks it, then that the values are finite and the vectors
-orthonormal: damaged bases are never handed on.
+newest complete one.  The metadata carries a SHA-256 of every array and one of
+itself, and a restore checks both, then that the values are finite and the
+vectors orthonormal: damaged or edited bases are never handed on, and bases
+that fail those checks are never saved.
 """
 
 from __future__ import annotations
