@@ -38,7 +38,8 @@ def test_truncated_gguf(tmp_path, keep):
     gsi_jax.load_model(str(path))
 
 
-def _tiny_with(tiny_folder, tmp_path, name, **overrides):
+def tiny_with(tiny_folder, tmp_path, name, **overrides):
+  """A copy of a tiny model whose config.json has `overrides`."""
   folder, _ = tiny_folder(name)
   dst = tmp_path / "model"
   shutil.copytree(folder, dst)
@@ -50,29 +51,29 @@ def _tiny_with(tiny_folder, tmp_path, name, **overrides):
 
 def test_unsupported_architecture(tiny_folder, tmp_path):
   with pytest.raises(GSIError, match="model_type 'bert' is not supported"):
-    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "gpt2", model_type="bert"))
+    gsi_jax.load_model(tiny_with(tiny_folder, tmp_path, "gpt2", model_type="bert"))
 
 
 def test_unsupported_config_value(tiny_folder, tmp_path):
   with pytest.raises(GSIError, match="scale_attn_by_inverse_layer_idx=True"):
-    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "gpt2",
+    gsi_jax.load_model(tiny_with(tiny_folder, tmp_path, "gpt2",
                                   scale_attn_by_inverse_layer_idx=True))
 
 
 def test_unsupported_rope_type(tiny_folder, tmp_path):
   with pytest.raises(GSIError, match="rope type 'yarn'"):
-    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "llama_mha",
+    gsi_jax.load_model(tiny_with(tiny_folder, tmp_path, "llama_mha",
                                   rope_parameters={"rope_type": "yarn", "rope_theta": 1e4}))
 
 
 def test_unknown_config_attribute(tiny_folder, tmp_path):
   with pytest.raises(GSIError, match="does not know: \\['qk_layernorm'\\]"):
-    gsi_jax.load_model(_tiny_with(tiny_folder, tmp_path, "llama_gqa", qk_layernorm=True))
+    gsi_jax.load_model(tiny_with(tiny_folder, tmp_path, "llama_gqa", qk_layernorm=True))
 
 
 def test_missing_tensor(tiny_folder, tmp_path):
   from safetensors.torch import load_file, save_file
-  folder = _tiny_with(tiny_folder, tmp_path, "opt")
+  folder = tiny_with(tiny_folder, tmp_path, "opt")
   state = load_file(f"{folder}/model.safetensors")
   del state["model.decoder.layers.1.fc2.weight"]
   save_file(state, f"{folder}/model.safetensors")
@@ -81,7 +82,7 @@ def test_missing_tensor(tiny_folder, tmp_path):
 
 
 def test_wrong_shape(tiny_folder, tmp_path):
-  folder = _tiny_with(tiny_folder, tmp_path, "gptj", n_inner=64)
+  folder = tiny_with(tiny_folder, tmp_path, "gptj", n_inner=64)
   with pytest.raises(GSIError, match="mlp.fc_in.weight has shape"):
     gsi_jax.load_model(folder)
 
@@ -100,7 +101,7 @@ def test_bad_dtype(dtype):
 
 @pytest.mark.parametrize("content", ["{not json", "[1, 2]", "\xff\xfe"])
 def test_malformed_config_json(tiny_folder, tmp_path, content):
-  folder = _tiny_with(tiny_folder, tmp_path, "gpt2")
+  folder = tiny_with(tiny_folder, tmp_path, "gpt2")
   with open(f"{folder}/config.json", "w", encoding="latin-1") as f:
     f.write(content)
   with pytest.raises(GSIError, match="config.json"):
@@ -109,7 +110,7 @@ def test_malformed_config_json(tiny_folder, tmp_path, content):
 
 @pytest.mark.parametrize("damage", ["truncate_header", "truncate_data", "garbage"])
 def test_damaged_safetensors(tiny_folder, tmp_path, damage):
-  folder = _tiny_with(tiny_folder, tmp_path, "opt")
+  folder = tiny_with(tiny_folder, tmp_path, "opt")
   path = f"{folder}/model.safetensors"
   data = open(path, "rb").read()
   data = {"truncate_header": data[:20], "truncate_data": data[:len(data) // 2],
@@ -123,7 +124,7 @@ def test_malicious_pickle_is_refused_and_never_run(tiny_folder, tmp_path):
   """A .bin whose unpickling would run code: one clear error, no weights_only=False advice."""
   import pickle
   import torch
-  folder = _tiny_with(tiny_folder, tmp_path, "gpt2")
+  folder = tiny_with(tiny_folder, tmp_path, "gpt2")
   os.remove(f"{folder}/model.safetensors")
   marker = tmp_path / "payload_ran"
 

@@ -5,9 +5,9 @@ import json
 import logging
 import math
 import os
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,19 +17,14 @@ from gsi_jax import GSIError
 from gsi_jax.gsi import fingerprint
 from gsi_jax.gsi.cache import cached_bases
 from gsi_jax.text import TokenWindows
+from tests.test_load_errors import tiny_with
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIB = np.arange(96, dtype=np.int32) % 97 + 1
 
 
 def _copy(tiny_folder, tmp_path, name, **overrides):
-  folder, _ = tiny_folder(name)
-  dst = tmp_path / "model"
-  shutil.copytree(folder, dst)
-  config = json.loads((dst / "config.json").read_text())
-  config.update(overrides)
-  (dst / "config.json").write_text(json.dumps(config))
-  return dst
+  return Path(tiny_with(tiny_folder, tmp_path, name, **overrides))
 
 
 @pytest.mark.parametrize("name, overrides, message", [
@@ -198,6 +193,7 @@ import numpy as np
 import gsi_jax
 from gsi_jax.gsi.cache import cached_bases
 from gsi_jax.text import TokenWindows
+from tests.test_load_errors import tiny_with
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 model = gsi_jax.load_model(sys.argv[1])
 ids = (np.arange(96, dtype=np.int32) % 97 + 1).reshape(-1, 16)

@@ -76,10 +76,10 @@ def _gpt2(r: _Reader) -> ModelConfig:
   r.require("scale_attn_by_inverse_layer_idx", {False}, False)
   r.require("add_cross_attention", {False}, False)
   r.require("tie_word_embeddings", {True}, True)
-  d = r.need("n_embd")
+  d, h = r.need("n_embd"), r.need("n_head")
   return ModelConfig(
       family="gpt2", vocab_size=r.need("vocab_size"), d_model=d, n_layers=r.need("n_layer"),
-      n_heads=r.need("n_head"), n_kv_heads=r.need("n_head"), head_dim=d // r.need("n_head"),
+      n_heads=h, n_kv_heads=h, head_dim=d // h,
       d_ff=r.get("n_inner") or 4 * d, activation=r.activation("activation_function", "gelu_new"),
       norm="layernorm", norm_eps=r.get("layer_norm_epsilon", 1e-5),
       learned_positions=r.need("n_positions"), attn_bias=True, attn_out_bias=True,
