@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 
-.PHONY: demo test results benchmarks scale clean
+.PHONY: demo test results notebook benchmarks scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,8 +38,14 @@ results: $(STAMP)
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
 	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096 --learned
-	$(PY) -c "import nbformat, nbclient; nb = nbformat.read('notebooks/subspace_coherence.ipynb', 4); \
-	  nbclient.NotebookClient(nb, timeout=3600, resources={'metadata': {'path': 'notebooks'}}).execute()"
+	$(MAKE) notebook
+
+# The coherence notebook, executed from the repository root and stored with its outputs
+# (figures included) so that it reads on the web; it rewrites results/subspace_coherence.json.
+notebook: $(STAMP)
+	$(PY) -c "import nbformat, nbclient; path = 'notebooks/subspace_coherence.ipynb'; \
+	  nb = nbformat.read(path, 4); nbclient.NotebookClient(nb, timeout=3600).execute(); \
+	  nbformat.write(nb, path + '.tmp'); import os; os.replace(path + '.tmp', path)"
 
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
 benchmarks: $(STAMP)

@@ -12,6 +12,7 @@ matrix products and everything else (per-op tracing is on for the whole
 run, so its timings carry the tracing's overhead).
 """
 
+import importlib.util
 import logging
 import os
 import time
@@ -25,6 +26,7 @@ from gsi_jax import benchmarking
 from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mb
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
+from gsi_jax.models import params as P
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
 _PROMPT = flags.DEFINE_string("prompt", "The Python interpreter reads a program and", "Prompt.")
@@ -40,6 +42,7 @@ _PEAK = flags.DEFINE_float("peak_bandwidth_gb_s", 30.0, "Memory read bandwidth (
 _PROFILE = flags.DEFINE_bool("profile", False, "Trace dense decode: time in matrix products "
                              "and in everything else.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/decode.json", "JSON output.")
+CALIB_SEQ_LEN = 256  # the GSI points' bases: 16384 tokens of pydoc:calibration in these windows
 
 
 def utilisation(bytes_per_token: float, tokens_per_s: float) -> float:
@@ -47,11 +50,10 @@ def utilisation(bytes_per_token: float, tokens_per_s: float) -> float:
   return bytes_per_token * tokens_per_s / (_PEAK.value * 1e9)
 
 
-def torch_decode(source: str, ids, n, repeats):
+def torch_decode(path: str, ids, n, repeats):
+  """transformers' generate on the file or folder the JAX model was loaded from."""
   import torch
   from transformers import AutoModelForCausalLM
-  from gsi_jax.loading.load import PRESETS, _package_file
-  path = _package_file(PRESETS[source]) if PRESETS.get(source, "").startswith("package:") else source
   t0 = time.perf_counter()
   if path.endswith(".gguf"):
     folder, name = os.path.split(path)
@@ -69,6 +71,7 @@ def torch_decode(source: str, ids, n, repeats):
 
 
 def parse_points(values):
+  """--gsi as (k, eps) pairs, each checked, none repeated."""
   points = []
   for v in values:
     try:
@@ -76,29 +79,55 @@ def parse_points(values):
       points.append((int(k), float(eps)))
     except ValueError:
       raise GSIError(f"--gsi takes k:eps pairs like 256:0.1, got {v!r}") from None
+    experiment.positive("--gsi k", points[-1][0])
+    gsi_jax.ops.check_threshold("--gsi eps", points[-1][1])
+  if len(set(points)) != len(points):
+    raise GSIError(f"--gsi repeats a point ({','.join(values)}); give each once")
   return points
 
 
-def main(argv):
-  del argv
+def check_flags() -> list[tuple[int, float]]:
+  """Every flag that needs no model, before anything loads; returns the GSI points."""
   points = parse_points(_GSI.value)
-  for k, eps in points:
-    experiment.positive("--gsi k", k)
-    gsi_jax.ops.check_threshold("--gsi eps", eps)
+  if not _PROMPT.value.strip():
+    raise GSIError("--prompt is empty; give the text to continue")
   experiment.positive("--max_new_tokens", _NEW.value)
   experiment.positive("--repeats", _REPEATS.value)
   if not _PEAK.value > 0:
     raise GSIError(f"--peak_bandwidth_gb_s must be > 0, got {_PEAK.value}")
+  if _TORCH.value and importlib.util.find_spec("torch") is None:
+    raise GSIError("--torch needs PyTorch (pip install torch), or pass --torch=false")
+  if _BASES_DIR.value:
+    gsi_jax.gsi.checkpoint.check_writable(_BASES_DIR.value)
+  return points
+
+
+def check_against_model(model, points, ids) -> None:
+  """The checks that need the model's shape, before any compute."""
+  widest = P.widest_site(model.params)
+  for k, _ in points:
+    if k > widest:
+      raise GSIError(f"--gsi k={k} exceeds the widest site of {model.config.name} ({widest})")
+  if points:
+    model.check_length(CALIB_SEQ_LEN, "the calibration window")
+  if ids.shape[1] == 0:
+    raise GSIError("--prompt encodes to no tokens; give some text")
+  model.check_length(ids.shape[1] + _NEW.value, "--prompt plus --max_new_tokens")
+  model.check_cache_fits(1, ids.shape[1] + _NEW.value)
+
+
+def main(argv):
+  del argv
+  points = check_flags()
   out = experiment.check_output_path(_OUT.value)
   if _PROFILE.value:  # before jax starts its backend
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
                                + benchmarking.TRACE_FLAG).strip()
-  if _BASES_DIR.value:
-    gsi_jax.gsi.checkpoint.check_writable(_BASES_DIR.value)
   t0 = time.perf_counter()
   model = gsi_jax.load_model(_MODEL.value, _DTYPE.value)
   load_s = time.perf_counter() - t0
   ids = model.encode(_PROMPT.value)[None]
+  check_against_model(model, points, ids)
   n = _NEW.value
   tps, compile_s = decode_tokens_per_s(model, model.params, ids, n, _REPEATS.value)
   dense_bytes = metrics.dense_bytes(model.params)
@@ -116,7 +145,7 @@ def main(argv):
     result["dense_profile"] = benchmarking.decode_profile(model, model.params, ids, n)
     logging.info("dense profile: %s", result["dense_profile"])
   if points:
-    calib = text.windows(model, text.PYDOC_CALIB, 256, 16384)
+    calib = text.windows(model, text.PYDOC_CALIB, CALIB_SEQ_LEN, 16384)
     bases = cached_bases(model, model.params, calib, max(k for k, _ in points),
                          bases_dir=_BASES_DIR.value or None)
     for k, eps in points:
@@ -135,7 +164,7 @@ def main(argv):
           "measured_speedup": g_tps / tps})
       logging.info("JAX GSI k=%d eps=%g: %.1f tok/s", k, eps, g_tps)
   if _TORCH.value:
-    t_tps, t_load = torch_decode(_MODEL.value, ids, n, _REPEATS.value)
+    t_tps, t_load = torch_decode(model.source, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
                   torch_bandwidth_utilisation=utilisation(dense_bytes, t_tps),
                   jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())

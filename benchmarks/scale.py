@@ -16,6 +16,11 @@ Token ids are random too.  Phases, each in this one process:
              shape: dense, GSI static (eps = inf) and gated GSI, cache-cold
              by construction (gigabytes of weights per token), against the byte
              ideal of the same parameters and measured fast shares.
+
+On several processes (--coordinator_address, --num_processes, --process_id) the
+load and the calibration run on one mesh over all of them, each process reading
+its columns of the weights; every process's peak resident memory is reported
+(`per_process`).  Eigh on the host and decode stay single-process phases.
 """
 
 import dataclasses
@@ -31,7 +36,7 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, experiment, metrics
+from gsi_jax import cli, distributed, experiment, metrics, sharding
 from gsi_jax.benchmarking import PeakMemory, decode_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import solvers
@@ -148,7 +153,7 @@ def _by_width(values: dict, widths: dict, scale: float = 1.0) -> dict:
   return {str(d): v for d, v in sorted(out.items())}
 
 
-def calibrate_all(cfg: ScaleConfig, model, ids) -> dict:
+def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
   """Streaming calibration per method at full depth, and exact eigh on the first layers."""
   result = {"calibration_s": {}, "solve_s": {}, "calib_peak_rss_gb": {}, "solve_s_by_width": {},
             "lobpcg_iterations": {}, "energy_loss_vs_eigh": {}, "energy_loss_by_site": {},
@@ -161,7 +166,7 @@ def calibrate_all(cfg: ScaleConfig, model, ids) -> dict:
     with PeakMemory() as mem:
       t0 = time.perf_counter()
       bases = gsi_jax.calibrate(model, model.params, ids, cfg.k, method=method,
-                                seq_len=cfg.seq_len, source="random token ids")
+                                seq_len=cfg.seq_len, source="random token ids", mesh=mesh)
       seconds = time.perf_counter() - t0
     bases_by_method[method] = bases
     solve = {s: c[0] for s, c in bases.meta["solve_cost_by_site"].items()}
@@ -171,6 +176,7 @@ def calibrate_all(cfg: ScaleConfig, model, ids) -> dict:
               for layer, site in bases.sites()}
     result["solve_s_by_width"][method] = _by_width(solve, widths)
     result["calib_peak_rss_gb"][method] = mem.gb
+    result.setdefault("calib_peak_rss_gb_per_process", {})[method] = every_process(mem.gb)
     result["lobpcg_iterations"][method] = {
         key: it for key, (solver, it) in bases.meta["solver_by_site"].items()
         if solver == "lobpcg"}
@@ -261,14 +267,24 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids) -> dict:
   return out
 
 
+def every_process(value: float) -> list[float]:
+  """`value` of each process, in process order (one value for one process)."""
+  if jax.process_count() == 1:
+    return [value]
+  from jax.experimental import multihost_utils
+  return [float(v) for v in np.asarray(multihost_utils.process_allgather(np.float32(value)))]
+
+
 def run(cfg: ScaleConfig) -> dict:
   made = None
-  if not synthetic.is_complete(cfg.checkpoint):
+  if not synthetic.is_complete(cfg.checkpoint) and distributed.is_primary():
     logging.info("writing a random %s checkpoint to %s", cfg.shape, cfg.checkpoint)
     made = synthetic.write_random_checkpoint(synthetic.hf_config(cfg.shape), cfg.checkpoint)
+  distributed.from_primary(0)  # the others wait for the checkpoint
+  mesh = sharding.make_mesh() if jax.process_count() > 1 else None
   with PeakMemory() as mem:
     t0 = time.perf_counter()
-    model = gsi_jax.load_model(cfg.checkpoint, cfg.dtype, n_layers=cfg.layers)
+    model = gsi_jax.load_model(cfg.checkpoint, cfg.dtype, n_layers=cfg.layers, mesh=mesh)
     load_s = time.perf_counter() - t0
   weights_gb = sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9
   logging.info("loaded %d layers, %.2f GB in %.0f s (peak %.2f GB)", model.config.n_layers,
@@ -276,10 +292,13 @@ def run(cfg: ScaleConfig) -> dict:
   rng = np.random.default_rng(0)
   n = cfg.calib_tokens // cfg.seq_len
   ids = rng.integers(0, model.config.vocab_size, (n, cfg.seq_len)).astype(np.int32)
-  calib = calibrate_all(cfg, model, ids)
+  calib = calibrate_all(cfg, model, ids, mesh)
   result = {"shape": cfg.shape, "layers": model.config.n_layers, "dtype": cfg.dtype,
             "weights_gb": weights_gb, "load_s": load_s, "load_peak_rss_gb": mem.gb,
             "load_peak_over_weights": mem.gb / weights_gb, "calib_tokens": int(ids.size),
+            "processes": jax.process_count(),
+            "load_peak_rss_gb_per_process": every_process(mem.gb),
+            "bytes_read_gb_per_process": every_process(model.bytes_read / 1e9),
             "k": cfg.k, "eigh_layers": cfg.eigh_layers, "checkpoint_written": made,
             "devices": str(jax.devices()), "sites": sorted(
                 {f"{site}:{d}" for sites in P.site_widths(model.params).values()
@@ -302,6 +321,9 @@ def main(argv):
       out=_OUT.value or f"results/benchmarks/scale-{_SHAPE.value}.json")
   out = experiment.check_output_path(cfg.out)
   check_depth(cfg)
+  if jax.process_count() > 1 and (cfg.eigh_layers or cfg.decode_layers or "eigh" in cfg.methods):
+    raise GSIError("on several processes scale.py measures load and streaming calibration "
+                   "only: pass --eigh_layers=0 --decode_layers=0 and --method without eigh")
   experiment.write_json(out, run(cfg))
   logging.info("wrote %s", out)
 

@@ -7,12 +7,15 @@ Nothing here registers flags on import: a script calls `define_experiment_flags(
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 from typing import Callable
 
+import jax
 from absl import app, flags
 
-from gsi_jax import experiment, text
+from gsi_jax import distributed, experiment, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
 from gsi_jax.loading import DEFAULT_MODEL
@@ -22,7 +25,7 @@ FLAGS = flags.FLAGS
 
 def fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  distributed.leave(2)
 
 
 def _parse(argv):
@@ -42,9 +45,44 @@ def _ignore_closed_event_loop(hook):
   return filtered
 
 
+def define_process_flags() -> None:
+  """How a process joins the others (gsi_jax.distributed); every script has them."""
+  if "coordinator_address" in FLAGS:
+    return
+  flags.DEFINE_string("coordinator_address", "", "host:port of process 0, to run as one of "
+                      "--num_processes processes ('' = one process).")
+  flags.DEFINE_integer("num_processes", None, "Processes in the run (with --coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index, 0..num_processes-1.")
+  flags.DEFINE_bool("distributed_auto", False, "Join the processes of a cluster job (SLURM, "
+                    "Open MPI, ...) as jax.distributed.initialize() detects them.")
+  flags.DEFINE_integer("process_timeout_s", 60, "A process that has not joined, or stops "
+                       "answering, by then ends every process of the run.")
+
+
+def process_config() -> distributed.ProcessConfig:
+  return distributed.ProcessConfig(
+      coordinator_address=FLAGS.coordinator_address, num_processes=FLAGS.num_processes,
+      process_id=FLAGS.process_id, auto=FLAGS.distributed_auto,
+      timeout_s=FLAGS.process_timeout_s)
+
+
+def _join() -> None:
+  """Join the other processes, then refuse any whose flags differ from process 0's."""
+  distributed.initialize(process_config())
+  own = {"process_id", "coordinator_address", "num_processes", "distributed_auto"}
+  ours = {f.name: f.value for module, defined in FLAGS.flags_by_module_dict().items()
+          if not module.startswith("absl") for f in defined if f.name not in own}
+  distributed.agree({**ours, "script": os.path.basename(sys.argv[0])})
+
+
 def run(main: Callable) -> None:
-  """app.run with project errors turned into `error: ...` and exit status 2; --help exits 0."""
+  """app.run with project errors turned into `error: ...` and exit status 2; --help exits 0.
+
+  With --coordinator_address (or --distributed_auto) the script runs as one of several
+  processes: they join, and their flags must agree, before main runs.
+  """
   sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
+  define_process_flags()
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n")
     for module in ("__main__", __name__):
@@ -57,12 +95,24 @@ def run(main: Callable) -> None:
     for noisy in ("jax", "orbax", "absl", "httpx", "asyncio"):
       logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+      _join()
       main(argv)
     except GSIError as e:
+      distributed.report_failure(str(e))
       fail(str(e))
     except KeyboardInterrupt:
+      distributed.report_failure("interrupted")
       print(interrupted_message(), file=sys.stderr)
-      sys.exit(130)
+      distributed.leave(130)
+    except Exception as e:  # a peer gone, or a bug: its traceback, and the others told to end
+      if not jax.distributed.is_initialized():
+        raise
+      lost = distributed.lost_peer(e)
+      if lost:
+        fail(lost)
+      distributed.report_failure(f"{type(e).__name__}: {e}")
+      traceback.print_exc()
+      distributed.leave(1)
   app.run(wrapped, flags_parser=_parse)
 
 

@@ -14,7 +14,9 @@ import os
 import tempfile
 from typing import Any, Sequence
 
-from gsi_jax import text
+import jax
+
+from gsi_jax import distributed, sharding, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS
@@ -63,6 +65,10 @@ def check_output_path(path: str, flag: str = "--out") -> str:
   if len(longest.encode()) > os.pathconf(folder, "PC_NAME_MAX"):
     raise GSIError(f"{flag}: the file name {os.path.basename(path)!r} is too long for "
                    f"{folder} (its sibling {longest!r} must fit too); shorten it")
+  for sibling in (os.path.join(folder, stem + suffix) for suffix in SIBLING_SUFFIXES):
+    if os.path.isdir(sibling):
+      raise GSIError(f"{flag}: {sibling}, where the table or figure goes, is a folder; "
+                     "move it or choose another --out")
   return path
 
 
@@ -78,7 +84,10 @@ def strict_json(value):
 
 
 def write_text_atomic(path: str, content: str) -> None:
-  """Write beside, then rename: an interrupted write never leaves a half file."""
+  """Write beside, then rename: an interrupted write never leaves a half file.  In a run
+  of several processes, process 0 writes for all of them."""
+  if not distributed.is_primary():
+    return
   folder = os.path.dirname(os.path.abspath(path))
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
   try:
@@ -155,6 +164,10 @@ class ExperimentConfig:
       if value < self.seq_len:
         raise GSIError(f"--{name} must be at least one window (--seq_len={self.seq_len}), "
                        f"got {value}")
+    if self.k_max >= self.calib_tokens:
+      raise GSIError(f"--k={self.k_max} needs more than {self.k_max} calibration tokens, got "
+                     f"--calib_tokens={self.calib_tokens}: every calibration token would lie "
+                     "in the span, and directions beyond them are arbitrary")
     positive("--max_new_tokens", self.max_new_tokens)
     text.check_source(self.calib_text_file, "--calib_text_file")
     text.check_source(self.eval_text_file, "--eval_text_file")
@@ -201,7 +214,10 @@ class Setup:
 def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True) -> Setup:
   """Load the model and text; check k against the model; calibrate (or restore) bases
   up to max(k)."""
-  model = load_model(config.model, config.dtype)
+  # Several devices (of one process or of several): one mesh over all of them, each
+  # process reading the part of the weights its devices hold.
+  mesh = sharding.make_mesh() if jax.device_count() > 1 else None
+  model = load_model(config.model, config.dtype, mesh=mesh)
   widest = P.widest_site(model.params)
   if config.k_max > widest:
     raise GSIError(f"--k={config.k_max} exceeds the widest site of {model.config.name} "
@@ -211,10 +227,16 @@ def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True
                        "--calib_text_file")
   held_out = (text.windows(model, config.eval_text_file, config.seq_len, config.eval_tokens,
                            "--eval_text_file") if need_eval else None)
+  for flag, asked, got in (("calib_tokens", config.calib_tokens, calib),
+                           ("eval_tokens", config.eval_tokens, held_out)):
+    if got is not None and got.n_tokens <= asked - config.seq_len:  # short by a window or more
+      raise GSIError(f"--{flag}={asked}, but {got.source} holds only {got.n_tokens} tokens in "
+                     f"windows of {config.seq_len}; pass --{flag}={got.n_tokens} or a "
+                     "longer text")
   s = Setup(config, model, calib, held_out)
   if bases:
     s.bases = cached_bases(model, model.params, calib, config.k_max, config.method,
-                           config.bases_dir or None)
+                           config.bases_dir or None, mesh)
   return s
 
 
@@ -239,6 +261,7 @@ def save_figure(fig, json_out: str) -> str:
   """The PNG beside the JSON."""
   path = os.path.splitext(json_out)[0] + ".png"
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  if distributed.is_primary():
+    fig.savefig(path, dpi=120)
   logging.info("wrote %s", path)
   return path

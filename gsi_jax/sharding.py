@@ -33,12 +33,16 @@ def _spec(path_keys, leaf, sites, n) -> PartitionSpec:
   return PartitionSpec(None, AXIS) if leaf.ndim == 2 else PartitionSpec(AXIS)
 
 
-def shard_params(params, mesh: Mesh):
-  """Place every leaf on the mesh: site kernels, M and biases split by columns."""
+def shardings(params, mesh: Mesh):
+  """The NamedSharding of every leaf (arrays or their ShapeDtypeStructs): site kernels,
+  M and biases split by columns, everything else whole on every device."""
   sites = P.site_kernels(params)
   n = mesh.devices.size
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: NamedSharding(mesh, _spec([p.key for p in path], leaf, sites, n)),
+      params)
 
-  def place(path, leaf):
-    keys = [p.key for p in path]
-    return jax.device_put(leaf, NamedSharding(mesh, _spec(keys, leaf, sites, n)))
-  return jax.tree_util.tree_map_with_path(place, params)
+
+def shard_params(params, mesh: Mesh):
+  """Place every leaf on the mesh as `shardings` says."""
+  return jax.tree.map(jax.device_put, params, shardings(params, mesh))

@@ -84,6 +84,8 @@ def _read_file(source: str, flag: str) -> str:
   if os.path.isdir(source):
     raise GSIError(f"{flag}: {source} is a folder; pass a UTF-8 text file")
   if not os.path.exists(source):
+    if os.path.islink(source):
+      raise GSIError(f"{flag}: {source} is a broken symbolic link (to {os.readlink(source)})")
     raise GSIError(f"{flag}: text file not found: {source}")
   if not os.path.isfile(source):
     raise GSIError(f"{flag}: {source} is not a regular file (a FIFO or a device); pass a "

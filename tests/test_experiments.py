@@ -155,8 +155,8 @@ def test_script_end_to_end(tiny_folder, tmp_path, family, script):
   assert (tmp_path / "sub" / f"{script}.md").exists()
 
 
-def run_script(args, script="quality_table.py", cwd=ROOT):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script)] + args,
+def run_script(args, script="quality_table.py", cwd=ROOT, folder="experiments"):
+  return subprocess.run([sys.executable, os.path.join(ROOT, folder, script)] + args,
                         capture_output=True, text=True, cwd=cwd,
                         env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=300)
 
@@ -205,6 +205,43 @@ def test_checks_that_need_the_model_come_before_calibration(tiny_folder, tmp_pat
   empty.write_text("\n \n")
   proc = run_script([f"--model={folder}", f"--prompts_file={empty}"], "generation_fidelity.py")
   assert_one_error_line(proc, "--prompts_file")
+  short = tmp_path / "short.txt"
+  short.write_text("a few words of text, " * 10)
+  proc = run_script([f"--model={folder}", f"--calib_text_file={short}", f"--bases_dir={tmp_path}", "--k=8",
+                     "--calib_tokens=4096", "--seq_len=32"])
+  assert_one_error_line(proc, f"--calib_tokens=4096, but {short} holds only 192 tokens")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt", "short.txt"]  # no calibration
+
+
+def run_decode_benchmark(args):
+  return run_script(["--torch=false"] + args, "decode.py", folder="benchmarks")
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--gsi=256"], "--gsi takes k:eps pairs"),
+    (["--gsi=0:0.1"], "--gsi k must be a positive whole number"),
+    (["--gsi=8:-1"], "--gsi eps must be a number >= 0"),
+    (["--gsi=8:0.1,8:0.1"], "--gsi repeats a point"),
+    (["--prompt= "], "--prompt is empty"),
+    (["--repeats=0"], "--repeats must be a positive whole number"),
+    (["--peak_bandwidth_gb_s=0"], "--peak_bandwidth_gb_s must be > 0"),
+])
+def test_decode_benchmark_checks_flags_before_loading(bad, message):
+  # A model path that does not exist: a flag check that ran after loading would say so instead.
+  assert_one_error_line(run_decode_benchmark(bad + ["--model=/nonexistent/m.gguf"]), message)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--gsi=10000:0.1"], "--gsi k=10000 exceeds the widest site"),
+    (["--max_new_tokens=100"], "--prompt plus --max_new_tokens of"),
+])
+def test_decode_benchmark_checks_the_model_before_timing(tiny_folder, tmp_path, bad, message):
+  folder, _ = tiny_folder("gpt2")
+  out = tmp_path / "decode.json"
+  proc = run_decode_benchmark(bad + [f"--model={folder}", "--prompt=ab", f"--out={out}",
+                                     f"--bases_dir={tmp_path / 'bases'}"])
+  assert_one_error_line(proc, message)
+  assert "JAX dense" not in proc.stderr and not out.exists()
 
 
 def test_help_exits_0():

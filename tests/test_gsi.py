@@ -117,6 +117,17 @@ def test_calibration_recovers_known_subspace():
   np.testing.assert_allclose(Vc.T @ Vc, np.eye(r), atol=1e-10)
 
 
+def test_cascade_at_full_width_is_the_exact_eigenbasis():
+  """k = d (a site narrower than k_max): refining a full basis must not add noise vectors."""
+  rng = np.random.default_rng(2)
+  X = rng.normal(size=(200, 16)) * np.linspace(4, 0.1, 16)
+  G = X.T @ X
+  V0, _ = np.linalg.qr(rng.normal(size=(16, 16)))
+  w, V, _ = cascade.refine(G, V0)
+  np.testing.assert_allclose(V.T @ V, np.eye(16), atol=1e-10)
+  np.testing.assert_allclose(w, np.sort(np.linalg.eigvalsh(G))[::-1], rtol=1e-10)
+
+
 def test_cascade_matches_eigh_on_default_model():
   model = gsi_jax.load_model("smollm2-135m")
   from gsi_jax import text

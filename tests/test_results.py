@@ -105,3 +105,16 @@ def test_storage_overhead_counts_megabytes_as_the_paper_does():
   assert round(gptj[128]["added_mb"]) == 440 and round(gptj[256]["added_mb"]) == 881
   for k, r in gptj.items():
     assert r["added_params"] == pytest.approx(k / 128 * gptj[128]["added_params"])
+
+
+def test_two_process_scale_run_reads_its_share_but_holds_more_than_one_process():
+  """RESULTS §12: each of 2 processes reads 1.63 of 2.44 GB, yet peaks above one process."""
+  one = load("benchmarks/scale-gptj-6b-4-layers-1-process.json")
+  two = load("benchmarks/scale-gptj-6b-4-layers-2-processes.json")
+  assert (one["processes"], two["processes"]) == (1, 2) and one["layers"] == two["layers"] == 4
+  assert [round(b, 2) for b in two["bytes_read_gb_per_process"]] == [1.63, 1.63]
+  assert round(one["bytes_read_gb_per_process"][0], 2) == round(one["weights_gb"], 2) == 2.44
+  at_load = [round(gb / one["load_peak_rss_gb"], 2) for gb in two["load_peak_rss_gb_per_process"]]
+  calib = [round(gb / one["calib_peak_rss_gb"]["krylov"], 2)
+           for gb in two["calib_peak_rss_gb_per_process"]["krylov"]]
+  assert sorted(at_load) == [1.27, 1.28] and calib == [1.84, 1.84]

@@ -86,6 +86,68 @@ def test_integer_tensors_are_refused_by_name(tiny_folder, tmp_path):
     gsi_jax.load_model(str(folder))
 
 
+@pytest.mark.parametrize("name, edit, message", [
+    # A config that says fewer layers than the checkpoint holds would run a cut model.
+    ("gpt2", lambda s: s.update({"transformer.h.2.mlp.c_fc.weight": s["transformer.wte.weight"].clone()}),
+     "holds 1 tensor\\(s\\) that a gpt2 model with this config never reads "
+     "\\(h.2.mlp.c_fc.weight\\)"),
+    # A tied config beside a head that differs from the embedding.
+    ("gpt2", lambda s: s.update({"lm_head.weight": s["transformer.wte.weight"] + 1}),
+     "the config ties the LM head .* lm_head.weight differs from wte.weight"),
+])
+def test_weights_the_config_does_not_describe_are_refused(tiny_folder, tmp_path, name, edit,
+                                                          message):
+  folder = _copy(tiny_folder, tmp_path, name)
+  from safetensors.torch import load_file, save_file
+  state = load_file(f"{folder}/model.safetensors")
+  edit(state)
+  save_file({k: v.contiguous() for k, v in state.items()}, f"{folder}/model.safetensors")
+  with pytest.raises(GSIError, match=message):
+    gsi_jax.load_model(str(folder))
+
+
+def test_harmless_extras_load(tiny_folder, tmp_path):
+  """A tied head saved twice and old causal-mask buffers are read by no model, and are fine."""
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  from safetensors.torch import load_file, save_file
+  state = load_file(f"{folder}/model.safetensors")
+  state["lm_head.weight"] = state["transformer.wte.weight"].clone()
+  state["transformer.h.0.attn.masked_bias"] = state["transformer.wte.weight"][0].clone()
+  save_file(state, f"{folder}/model.safetensors")
+  model = gsi_jax.load_model(str(folder))
+  reference = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  np.testing.assert_array_equal(model.logits(model.params, [[1, 2, 3]]),
+                                reference.logits(reference.params, [[1, 2, 3]]))
+
+
+def test_safetensors_files_are_read_as_the_index_says(tiny_folder, tmp_path):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  weights = folder / "model.safetensors"
+  # Two files holding the same tensors, no index: which one is meant is unknowable.
+  shard = folder / "model-00001-of-00001.safetensors"
+  shard.write_bytes(weights.read_bytes())
+  with pytest.raises(GSIError, match="is stored in both model-00001-of-00001.safetensors and "
+                                     "model.safetensors; remove the stale file"):
+    gsi_jax.load_model(str(folder))
+  # With an index, only its files are read: the stale model.safetensors is left out.
+  from safetensors import safe_open
+  with safe_open(str(shard), framework="numpy") as h:
+    names = list(h.keys())
+  index = folder / "model.safetensors.index.json"
+  index.write_text(json.dumps({"metadata": {}, "weight_map": {n: shard.name for n in names}}))
+  weights.write_bytes(b"stale, never read")
+  gsi_jax.load_model(str(folder))
+  index.write_text(json.dumps({"weight_map": {names[0]: "model-00002-of-00002.safetensors"}}))
+  with pytest.raises(GSIError, match="names model-00002-of-00002.safetensors, which is missing"):
+    gsi_jax.load_model(str(folder))
+  index.write_text(json.dumps({"weight_map": {n: shard.name for n in names} | {"x.w": shard.name}}))
+  with pytest.raises(GSIError, match="places x.w .* in a file that does not hold it"):
+    gsi_jax.load_model(str(folder))
+  index.write_text("{not json")
+  with pytest.raises(GSIError, match="is not a safetensors index"):
+    gsi_jax.load_model(str(folder))
+
+
 def test_a_broken_tokenizer_is_named(tiny_folder, tmp_path):
   folder = _copy(tiny_folder, tmp_path, "gpt2")
   (folder / "tokenizer.json").write_text("{ this is not a tokenizer")
@@ -215,6 +277,36 @@ def test_two_runs_on_one_cache_entry_take_turns(tiny_folder, tmp_path):
   assert logs.count("calibration took") == 1 and logs.count("bases restored") == 1, logs
 
 
+CONCURRENT_WRITERS = """
+import logging, sys
+import numpy as np
+import gsi_jax
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+model = gsi_jax.load_model(sys.argv[1])
+ids = (np.arange(96, dtype=np.int32) % 97 + 1).reshape(-1, 16)
+bases = gsi_jax.calibrate(model, model.params, ids, 8, seq_len=16, resume_dir=sys.argv[2] + "-layers")
+print("step", gsi_jax.save_bases(sys.argv[2], bases))
+"""
+
+
+def test_two_writers_of_one_folder_take_turns_outside_the_cache(tiny_folder, tmp_path):
+  """calibrate(resume_dir=...) and save_bases from two processes: no Orbax collision; the
+  second calibration resumes after every layer of the first, and the saves get steps 1, 2."""
+  folder = tiny_folder("gpt2")[0]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_WRITERS, folder,
+                             str(tmp_path / "b")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+           for _ in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  assert sorted(out.strip() for out, _ in outs) == ["step 1", "step 2"]
+  logs = "".join(err for _, err in outs)
+  assert logs.count("calibration resumes after 2 of 2 layers") == 1, logs
+  first, second = (gsi_jax.load_bases(str(tmp_path / "b")) for _ in range(2))
+  assert first.meta == second.meta
+
+
 # The Python API checks its arguments.
 
 @pytest.fixture(scope="module")
@@ -284,12 +376,25 @@ def test_text_sources_are_read_and_checked_up_front(tmp_path):
     ({"k": (8, 8)}, "--k repeats a value"),
     ({"eps": (0.1, 0.1)}, "--eps repeats a value"),
     ({"mode": ()}, "--mode is empty"),
+    ({"k": (64,), "calib_tokens": 64, "seq_len": 32}, "--k=64 needs more than 64 calibration"),
 ])
 def test_bad_experiment_settings_are_refused(tmp_path, kw, message):
   if "out" in kw:
     kw = {**kw, "out": str(tmp_path / kw["out"])}
   with pytest.raises(GSIError, match=message):
     _config(tmp_path, **kw)
+
+
+def test_outputs_and_caches_behind_broken_links_or_folders_are_refused(tmp_path):
+  (tmp_path / "table.md").mkdir()
+  with pytest.raises(GSIError, match="table.md, where the table or figure goes, is a folder"):
+    _config(tmp_path, out=str(tmp_path / "table.json"))
+  link = tmp_path / "link"
+  link.symlink_to(tmp_path / "nowhere")
+  for kw in ({"bases_dir": str(link / "bases")}, {"out": str(link / "x.json")},
+             {"calib_text_file": str(link)}):
+    with pytest.raises(GSIError, match="is a broken symbolic link"):
+      _config(tmp_path, **kw)
 
 
 INTERRUPTED = """

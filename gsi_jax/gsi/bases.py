@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from gsi_jax import distributed
 from gsi_jax.models import params as P
 
 FORMAT_VERSION = 3  # 2: checksums of every array; 3: and of the metadata itself
@@ -57,7 +58,7 @@ def _tensor_digest(leaf) -> bytes:
   hit = _TENSOR_DIGESTS.get(id(leaf))
   if hit is not None and hit[0]() is leaf:
     return hit[1]
-  host = np.ascontiguousarray(jax.device_get(leaf))
+  host = np.ascontiguousarray(distributed.host_copy(leaf))  # whole, also when sharded
   h = hashlib.sha256(f"{host.dtype.name}{host.shape}".encode())
   h.update(host.reshape(-1).view(np.uint8))
   digest = h.digest()

@@ -4,14 +4,12 @@ The cache key hashes everything the bases depend on: every byte of the weights, 
 architecture, the compute dtype, the calibration windows (ids and shape) and the
 solver.  A restored checkpoint must also carry that identity in its checksummed
 metadata, so neither a key collision nor an edited checkpoint hands on bases
-calibrated for something else.  Runs that share a cache entry take turns (a file
-lock): the second restores what the first calibrated.
+calibrated for something else.  Runs that share a cache entry take turns
+(`checkpoint.exclusive`): the second restores what the first calibrated.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -20,10 +18,11 @@ import re
 import shutil
 import time
 
+from gsi_jax import distributed
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import Bases, calibration_identity
 from gsi_jax.gsi.calibration import calibrate
-from gsi_jax.gsi.checkpoint import check_writable, load_bases, save_bases
+from gsi_jax.gsi.checkpoint import check_writable, exclusive, load_bases, save_bases
 from gsi_jax.text import TokenWindows
 
 DEFAULT_BASES_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gsi_jax", "bases")
@@ -33,22 +32,6 @@ def bases_path(bases_dir: str, model_name: str, identity: dict, method: str) -> 
   key = hashlib.sha256(json.dumps({**identity, "method": method}, sort_keys=True).encode())
   label = re.sub(r"[^A-Za-z0-9._-]+", "_", model_name)[:64] or "model"
   return os.path.join(bases_dir, f"{label}-{method}-{key.hexdigest()[:24]}")
-
-
-@contextlib.contextmanager
-def _one_run_at_a_time(path: str):
-  """Hold `path`.lock; a second run on the same entry waits here (and says so)."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".lock", "a") as f:
-    try:
-      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      logging.info("another run is calibrating into %s; waiting for it", path)
-      fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _restore(path: str, identity: dict, method: str, k_max: int) -> Bases | None:
@@ -70,30 +53,33 @@ def _restore(path: str, identity: dict, method: str, k_max: int) -> Bases | None
 
 
 def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str = "eigh",
-                 bases_dir: str | None = DEFAULT_BASES_DIR) -> Bases:
-  """Restore bases calibrated on exactly these windows, or calibrate and save them."""
+                 bases_dir: str | None = DEFAULT_BASES_DIR, mesh=None) -> Bases:
+  """Restore bases calibrated on exactly these windows, or calibrate and save them
+  (on `mesh`, as `calibrate` does, when given)."""
   if not bases_dir:
-    return _calibrate(model, params, windows, k_max, method, progress=None)
+    return _calibrate(model, params, windows, k_max, method, None, mesh)
   identity = calibration_identity(model, params, windows.ids)
   path = bases_path(bases_dir, model.config.name or model.config.family, identity, method)
   check_writable(path)  # before the calibration, not after it
-  with _one_run_at_a_time(path):
+  with exclusive(path):  # a second run waits, then restores what this one saved
     bases = _restore(path, identity, method, k_max) if os.path.isdir(path) else None
+    distributed.same_as_primary(int(bases is not None), "cached bases", path)
     if bases is None:
       progress = path + "-layers"  # resumes an interrupted calibration
-      bases = _calibrate(model, params, windows, k_max, method, progress)
+      bases = _calibrate(model, params, windows, k_max, method, progress, mesh)
       save_bases(path, bases)
-      shutil.rmtree(progress, ignore_errors=True)
+      if distributed.is_primary():
+        shutil.rmtree(progress, ignore_errors=True)
       logging.info("bases saved to %s", path)
   return bases
 
 
 def _calibrate(model, params, windows: TokenWindows, k_max: int, method: str,
-               progress: str | None) -> Bases:
+               progress: str | None, mesh) -> Bases:
   t0 = time.time()
   logging.info("calibrating %s on %d tokens of %s (k_max=%d, %s)", model.config.name,
                windows.n_tokens, windows.source, k_max, method)
   bases = calibrate(model, params, windows.ids, k_max, method=method, source=windows.source,
-                    seq_len=windows.ids.shape[1], resume_dir=progress)
+                    seq_len=windows.ids.shape[1], resume_dir=progress, mesh=mesh)
   logging.info("calibration took %.1f s", time.time() - t0)
   return bases

@@ -10,6 +10,7 @@ model), kept for the LM head's input and as the streaming form's reference.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import logging
@@ -20,11 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gsi_jax import sharding
+from gsi_jax import distributed, sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
-from gsi_jax.gsi.checkpoint import LayerProgress
+from gsi_jax.gsi.checkpoint import LayerProgress, exclusive
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block, Decoder
 
@@ -98,7 +99,7 @@ def solve_site(G, k_max: int, method: str, previous: np.ndarray | None):
     w, V, iterations = solvers.lobpcg_top(G32, start)
     solver, flops = "lobpcg", solvers.lobpcg_flops(d, k, iterations)
   else:
-    G64 = np.asarray(jax.device_get(G), np.float64)
+    G64 = distributed.host_copy(G).astype(np.float64)
     # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
     G64 = (G64 + G64.T) / 2
     if warm:
@@ -126,7 +127,7 @@ def solve_layer(grams_layer: dict, k_max: int, method: str, previous: dict):
     vectors[site] = np.asarray(V, np.float32)
     previous[site] = vectors[site]  # as saved, so a resumed cascade starts from the same basis
     eigenvalues[site] = np.asarray(w, np.float32)
-    trace[site] = np.float32(_trace(G))
+    trace[site] = np.float32(distributed.host_copy(_trace(G)))
   return vectors, eigenvalues, trace, costs
 
 
@@ -234,8 +235,19 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
           "tokens": int(ids.size), "seq_len": int(ids.shape[1]),
           **calibration_identity(model, params, ids)}
   run = {**meta, "method": method, "k_max": int(k_max)}
-  layer_names = P.layers(P.site_kernels(params))
   store = LayerProgress(resume_dir, run) if resume_dir else None
+  # A second run on the same resume_dir waits, then resumes after this one's layers.
+  with exclusive(resume_dir) if store else contextlib.nullcontext():
+    bases = _stream_layers(model, params, ids, k_max, method, batch_size, progress, store,
+                           mesh)
+  bases.meta.update(meta)
+  return bases
+
+
+def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
+                   progress: bool, store: LayerProgress | None, mesh: Mesh | None) -> Bases:
+  """calibrate's loop: each layer's forward, Gram matrices and solve, then the next."""
+  layer_names = P.layers(P.site_kernels(params))
   vectors, eigenvalues, trace, costs = {}, {}, {}, {}
   previous: dict[str, np.ndarray] = {}
   done, x_NTD = store.restore(vectors, eigenvalues, trace, costs) if store else (0, None)
@@ -243,7 +255,7 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
     previous = {site: vectors[layer_names[done - 1]][site]
                 for site in vectors[layer_names[done - 1]]}
     logging.info("calibration resumes after %d of %d layers from %s", done,
-                 len(layer_names), resume_dir)
+                 len(layer_names), store.path)
   else:
     x_NTD = jnp.concatenate([_embed(model.module, params, jnp.asarray(ids[i:i + batch_size]))
                              for i in range(0, len(ids), batch_size)])
@@ -289,6 +301,4 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
       logging.info("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f s); "
                    "ETA %.0f s", method, layer, index + 1, len(layer_names), time.time() - t0,
                    forward_s, time.time() - t0 - forward_s, eta)
-  bases = _bases(vectors, eigenvalues, trace, costs, method, k_max)
-  bases.meta.update(meta)
-  return bases
+  return _bases(vectors, eigenvalues, trace, costs, method, k_max)

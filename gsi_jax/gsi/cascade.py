@@ -65,6 +65,8 @@ def refine(G: np.ndarray, V0: np.ndarray, max_sweeps: int = 8, tol: float = 1e-4
   trace = float(np.trace(G))
   w, V = _ritz(G, V, k)
   flops = ritz_flops(d, k, k)
+  if k >= d:  # V spans the whole space: its Ritz pairs are G's eigenpairs, and a residual
+    return w, V, flops  # would be rounding noise, which QR would blow up into non-basis vectors
   for _ in range(max_sweeps):
     R = G @ V[:, :p] - V[:, :p] * w[:p]  # block residual of the leading Ritz pairs
     Q, passes = dgks_orthogonalize(V, R)

@@ -6,19 +6,27 @@ failed save never touches the steps already there, and restore reads the
 newest complete one.  The metadata carries a SHA-256 of every array and one of
 itself, and a restore checks both, then that the values are finite and the
 vectors orthonormal: damaged or edited bases are never handed on, and bases
-that fail those checks are never saved.
+that fail those checks are never saved.  Every writer and reader of a checkpoint
+folder holds its lock (`exclusive`), so two runs never number, write or prune the same
+steps at once.  In a run of several processes (gsi_jax.distributed) every process holds
+the same bases: process 0 alone locks and writes, on a file system they all share.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import tempfile
+import threading
 
 import jax
 import numpy as np
 
+from gsi_jax import distributed
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
 from gsi_jax.models import params as P
@@ -28,9 +36,16 @@ META_SHA256 = "meta_sha256"
 
 
 def _manager(path: str, create: bool, max_to_keep: int | None = 2):
+  """A manager of this process alone: bases are host arrays that every process holds
+  whole, so the primary writes them and each process reads them, with no barrier."""
   import orbax.checkpoint as ocp
-  options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
-                                         enable_async_checkpointing=False)
+  me = jax.process_index()
+  if create:  # Orbax creates no root for a manager of a subset of processes
+    os.makedirs(path, exist_ok=True)
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
+      multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me,
+                                                                 active_processes={me}))
   return ocp.CheckpointManager(os.path.abspath(path), options=options,
                                item_names=("arrays", "meta"))
 
@@ -67,6 +82,9 @@ def existing_ancestor(path: str) -> str:
   """`path` itself, or the nearest folder above it that exists (where a create would start)."""
   probe = os.path.abspath(path)
   while not os.path.exists(probe):
+    if os.path.islink(probe):  # a create would fail here, and the message should say why
+      raise GSIError(f"{probe} is a broken symbolic link (to {os.readlink(probe)}); fix or "
+                     "remove it")
     probe = os.path.dirname(probe)
   return probe
 
@@ -81,6 +99,56 @@ def check_writable(path: str) -> None:
                    "pass a writable --bases_dir (or '' to skip the cache)")
 
 
+_held: dict[str, list] = {}  # lock file -> [open file, depth], for this process
+_held_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def exclusive(path: str, create: bool = True):
+  """Hold `path`.lock, an flock beside the folder; another process waits here (and says so).
+
+  Re-entrant within a process, so a run that holds an entry (calibrate, then save)
+  does not wait on itself.  With create=False (a reader) a lock file that cannot be
+  made, as beside a read-only folder, is skipped: nothing can write there either.
+  """
+  if not distributed.is_primary():  # the primary locks for its run, which only it writes
+    yield
+    return
+  lock = os.path.abspath(path) + ".lock"
+  with _held_guard:
+    entry = _held.get(lock)
+    if entry:
+      entry[1] += 1
+  if not entry:
+    try:
+      if create:
+        os.makedirs(os.path.dirname(lock), exist_ok=True)
+      f = open(lock, "a")
+    except OSError:
+      if create:
+        raise GSIError(f"cannot create the lock file {lock}; pass a writable folder") from None
+      yield
+      return
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info("another process is using %s; waiting for it", path)
+      fcntl.flock(f, fcntl.LOCK_EX)
+    with _held_guard:
+      entry = _held[lock] = [f, 1]
+  try:
+    yield
+  finally:
+    with _held_guard:
+      entry[1] -= 1
+      last = entry[1] == 0
+      if last:
+        del _held[lock]
+    if last:
+      fcntl.flock(entry[0], fcntl.LOCK_UN)
+      entry[0].close()
+
+
 def save_bases(path: str, bases: Bases) -> int:
   """Save as the next step under `path`; returns the step."""
   check_writable(path)
@@ -90,14 +158,16 @@ def save_bases(path: str, bases: Bases) -> int:
                    "calibration text gives activations that no basis can describe")
   arrays = jax.tree.map(np.asarray, bases.arrays())
   meta = sealed({**bases.meta, "format_version": FORMAT_VERSION}, arrays)
-  try:
-    with _manager(path, create=True) as manager:
-      step = (manager.latest_step() or 0) + 1
-      _save(manager, step, arrays, meta)
-  except OSError as e:
-    raise GSIError(f"cannot save bases to {path} ({e.strerror or e}); earlier steps there "
-                   "are untouched") from None
-  return step
+  step = 0
+  if distributed.is_primary():
+    try:
+      with exclusive(path), _manager(path, create=True) as manager:
+        step = (manager.latest_step() or 0) + 1
+        _save(manager, step, arrays, meta)
+    except OSError as e:
+      raise GSIError(f"cannot save bases to {path} ({e.strerror or e}); earlier steps there "
+                     "are untouched") from None
+  return distributed.from_primary(step)
 
 
 def _check_sums(path: str, arrays: dict, meta: dict) -> None:
@@ -161,6 +231,9 @@ class LayerProgress:
   Each step is written to a temporary folder and renamed when complete, so an
   interruption loses at most the layer being solved.  `run` (model, text,
   settings) must match for a resume; every array is checked against its SHA-256.
+  A calibration holds `exclusive(path)` from its restore to its last save, so a
+  second run on the same folder waits, then resumes after every layer the first
+  one finished.
   """
 
   def __init__(self, path: str, run: dict):
@@ -173,6 +246,12 @@ class LayerProgress:
   def _carry(self, create: bool):
     return _manager(os.path.join(self.path, "carry"), create, max_to_keep=1)
 
+  def _done(self) -> int:
+    if not os.path.isdir(os.path.join(self.path, "carry")):
+      return 0
+    with self._carry(create=False) as manager:
+      return manager.latest_step() or 0
+
   def save(self, index: int, vectors, eigenvalues, trace, costs, x_NTD) -> None:
     layer = {"vectors": vectors, "eigenvalues": eigenvalues, "trace": trace}
     name = P.layer_name(index)
@@ -180,7 +259,9 @@ class LayerProgress:
     if problem:
       raise GSIError(f"calibration of {name} failed: {problem}; the model or the "
                      "calibration text gives activations that no basis can describe")
-    carry = {"hidden": np.asarray(jax.device_get(x_NTD))}
+    carry = {"hidden": distributed.host_copy(x_NTD)}
+    if not distributed.is_primary():
+      return  # the primary writes every process's (identical) progress
     try:
       with self._layers(create=True) as manager:
         _save(manager, index + 1, layer,
@@ -193,12 +274,11 @@ class LayerProgress:
 
   def restore(self, vectors: dict, eigenvalues: dict, trace: dict, costs: dict):
     """Fill the dicts with the finished layers; returns (layers done, their output or None)."""
-    if not os.path.isdir(os.path.join(self.path, "carry")):
+    done = self._done()
+    distributed.same_as_primary(done, "calibration progress", self.path)
+    if not done:
       return 0, None
     with self._carry(create=False) as manager:
-      done = manager.latest_step()
-      if done is None:
-        return 0, None
       carry, meta = _restore(manager, done, self.path)
     _check_sums(self.path, carry, meta)
     if meta.get("run") != self.run:
@@ -225,7 +305,7 @@ def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) 
   if not os.path.isdir(path):
     raise GSIError(f"no bases checkpoint at {path}; calibrate first")
   try:
-    with _manager(path, create=False) as manager:
+    with exclusive(path, create=False), _manager(path, create=False) as manager:
       step = manager.latest_step()
       if step is None:
         raise GSIError(f"{path} holds no complete bases checkpoint; calibrate again")

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.sparse.linalg import lobpcg_standard
 
+from gsi_jax import distributed
 from gsi_jax.gsi import cascade
 
 LOBPCG_MAX_ITERATIONS = 100
@@ -43,8 +44,8 @@ def lobpcg_top(G_DD: jax.Array, X0_DK: jax.Array) -> tuple[np.ndarray, np.ndarra
   """Top-k eigenpairs by LOBPCG from the start block X0 (float32, where G lives)."""
   w, V, iterations = _lobpcg(jnp.asarray(G_DD, jnp.float32), jnp.asarray(X0_DK, jnp.float32))
   order = jnp.argsort(-w)
-  return (np.asarray(w[order], np.float64), np.asarray(V[:, order], np.float64),
-          int(iterations))
+  return (distributed.host_copy(w[order]).astype(np.float64),
+          distributed.host_copy(V[:, order]).astype(np.float64), int(iterations))
 
 
 def lobpcg_flops(d: int, k: int, iterations: int) -> float:

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from gsi_jax.errors import GSIError
+from gsi_jax.loading.mapping import TensorSource
 from gsi_jax.models.config import ModelConfig
 
 GGUF_MAGIC = b"GGUF"
@@ -80,7 +81,7 @@ def config_from_gguf(reader, path: str) -> ModelConfig:
 
 
 def tensor_getter(reader, path: str):
-  """Tensor name -> dequantised float32 numpy array."""
+  """(tensor name -> dequantised float32 numpy array, every tensor name in the file)."""
   import gguf
   tensors = {t.name: t for t in reader.tensors}
 
@@ -94,7 +95,7 @@ def tensor_getter(reader, path: str):
       raise GSIError(f"{path}: quantization {t.tensor_type.name} of {name} is not supported "
                      "by the gguf package") from None
     return np.asarray(w, np.float32)
-  return get
+  return TensorSource(get, frozenset(tensors))
 
 
 def tokenizer_from_gguf(reader, path: str):

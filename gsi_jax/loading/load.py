@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gsi_jax import sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.loading import gguf_file, mapping
 from gsi_jax.loading.hf_config import config_from_hf
@@ -87,12 +88,20 @@ def _read_tokenizer(build, origin: str):
                    f"{detail}); repair or remove it") from None
 
 
-def _build(config, table, get, dtype, origin, tokenizer, source, eos_ids=()) -> Model:
+def _build(config, table, tensors: mapping.TensorSource, dtype, origin, tokenizer, source,
+           eos_ids=(), all_layers=True, mesh=None) -> Model:
+  """all_layers=False (a model cut to its first blocks) reads only part of the checkpoint
+  by design.  mesh: place the weights on it as sharding.shardings says, each process
+  reading only what its devices hold."""
   _check_tokenizer(config, tokenizer, eos_ids, origin)
+  if all_layers:
+    mapping.check_all_used(table, tensors, config, origin)
   dtype = jnp.dtype(dtype)
-  params = mapping.fill_params(table, get, param_shapes(config, dtype), dtype, origin)
+  shapes = param_shapes(config, dtype)
+  placement = sharding.shardings(shapes, mesh) if mesh is not None else None
+  params, bytes_read = mapping.fill_params(table, tensors, shapes, dtype, origin, placement)
   return Model(config=config, params=params, tokenizer=tokenizer, dtype=dtype, source=source,
-               eos_ids=eos_ids)
+               eos_ids=eos_ids, bytes_read=bytes_read)
 
 
 def _first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
@@ -104,18 +113,47 @@ def _first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
   return dataclasses.replace(config, n_layers=n_layers)
 
 
-def load_gguf(path: str, dtype="float32", n_layers: int | None = None) -> Model:
+def load_gguf(path: str, dtype="float32", n_layers: int | None = None, mesh=None) -> Model:
   """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
   config = _first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
   tokenizer = _read_tokenizer(lambda: gguf_file.tokenizer_from_gguf(reader, path), path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
-                dtype, path, tokenizer, path, _eos_ids(tokenizer, path))
+                dtype, path, tokenizer, path, _eos_ids(tokenizer, path), n_layers is None, mesh)
 
 
-def _hf_tensor_getter(folder: str):
-  """Tensor name (prefixes stripped) -> numpy, read lazily from safetensors or .bin."""
-  files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def _safetensors_files(folder: str) -> tuple[list[str], dict[str, str] | None]:
+  """The weight files to read, and the index's tensor -> file map when the folder has one.
+
+  With an index, only the files it names are read (as transformers does), and each
+  must exist: a stale model.safetensors beside fresh shards is never mixed in."""
+  index_path = os.path.join(folder, SAFETENSORS_INDEX)
+  if not os.path.exists(index_path):
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors"))), None
+  try:
+    with open(index_path, encoding="utf-8") as f:
+      weight_map = json.load(f)["weight_map"]
+    if not (isinstance(weight_map, dict) and weight_map
+            and all(isinstance(v, str) for v in weight_map.values())):
+      raise TypeError
+  except (OSError, ValueError, KeyError, TypeError):
+    raise GSIError(f"{index_path} is not a safetensors index (a JSON object whose "
+                   "weight_map maps tensor names to files); download it again") from None
+  files = sorted(os.path.join(folder, name) for name in set(weight_map.values()))
+  for f in files:
+    if not os.path.isfile(f):
+      raise GSIError(f"{index_path} names {os.path.basename(f)}, which is missing: the "
+                     "download is incomplete")
+  return files, {key: os.path.join(folder, name) for key, name in weight_map.items()}
+
+
+def _hf_tensor_getter(folder: str) -> mapping.TensorSource:
+  """Tensors by name (prefixes stripped), read lazily from safetensors (whole or a slice)
+  or from a .bin."""
+  files, weight_map = _safetensors_files(folder)
   index: dict[str, tuple] = {}
   if files:
     from safetensors import safe_open
@@ -127,14 +165,24 @@ def _hf_tensor_getter(folder: str):
         raise GSIError(f"{f} is not a readable safetensors file ({e}); the file is "
                        "truncated or damaged, download it again") from None
       for key in keys:
+        if key in index:
+          raise GSIError(f"{folder}: tensor {key} is stored in both "
+                         f"{os.path.basename(index[key][1])} and {os.path.basename(f)}; "
+                         "remove the stale file")
         index[key] = (key, f)
+    if weight_map is not None:
+      wrong = sorted(k for k, f in weight_map.items() if index.get(k, (k, None))[1] != f)
+      if wrong:
+        raise GSIError(f"{folder}: {SAFETENSORS_INDEX} places {wrong[0]} (and "
+                       f"{len(wrong) - 1} more) in a file that does not hold it; the "
+                       "download is incomplete or the index is stale")
 
-    def read(key, f):
-      """One tensor in its stored dtype.  The file is mapped only while it is read, so
-      mapped pages do not add the checkpoint's size to the loader's resident memory."""
+    def read(key, f, index=None):
+      """One tensor (or its `index`) in its stored dtype.  The file is mapped only while it
+      is read, so mapped pages do not add the checkpoint's size to resident memory."""
       try:
         with safe_open(f, framework="flax") as h:
-          return np.asarray(h.get_tensor(key))
+          return np.asarray(h.get_tensor(key) if index is None else h.get_slice(key)[index])
       except Exception as e:  # data past the end of a truncated file
         raise GSIError(f"{f}: tensor {key} cannot be read ({e}); the file is truncated "
                        "or damaged, download it again") from None
@@ -166,14 +214,15 @@ def _hf_tensor_getter(folder: str):
         break
     normalized[short] = index[key]
 
-  def get(name: str) -> np.ndarray:
+  def get(name: str, index: tuple | None = None) -> np.ndarray:
     if name not in normalized:
       raise GSIError(f"{folder}: checkpoint has no tensor {name!r}")
-    return read(*normalized[name])
-  return get
+    return read(*normalized[name]) if index is None else read(*normalized[name], index)
+  return mapping.TensorSource(get, frozenset(normalized), get if files else None)
 
 
-def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None) -> Model:
+def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
+                   mesh=None) -> Model:
   """A local Hugging Face folder: config.json, safetensors or .bin, and a tokenizer if any."""
   config_path = os.path.join(folder, "config.json")
   if not os.path.isfile(config_path):
@@ -199,7 +248,7 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None) ->
     tokenizer = _read_tokenizer(lambda: AutoTokenizer.from_pretrained(folder), folder)
   return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
                 dtype, folder, tokenizer, folder,
-                configured_eos or _eos_ids(tokenizer, folder))
+                configured_eos or _eos_ids(tokenizer, folder), n_layers is None, mesh)
 
 
 def _download(repo_id: str) -> str:
@@ -219,12 +268,15 @@ def _download(repo_id: str) -> str:
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_model(source: str = DEFAULT_MODEL, dtype="float32", n_layers: int | None = None) -> Model:
+def load_model(source: str = DEFAULT_MODEL, dtype="float32", n_layers: int | None = None,
+               mesh=None) -> Model:
   """A preset name, a .gguf path, a local Hugging Face folder, or a hub id.
 
   Tensors are read and converted one at a time, so the host never holds a
   second copy of the model.  n_layers keeps only the first blocks (their
-  weights alone are read): a model's layer shape at a depth that fits.
+  weights alone are read): a model's layer shape at a depth that fits.  mesh: the
+  weights are placed on it (sharding.shardings), and from safetensors each process reads
+  only the columns its devices hold.
   """
   try:
     supported = jnp.dtype(dtype).name in DTYPES
@@ -236,18 +288,18 @@ def load_model(source: str = DEFAULT_MODEL, dtype="float32", n_layers: int | Non
   if source in PRESETS:
     resolved = PRESETS[source]
     if resolved.startswith("package:"):
-      model = load_gguf(_package_file(resolved), dtype, n_layers)
+      model = load_gguf(_package_file(resolved), dtype, n_layers, mesh)
       model.config = dataclasses.replace(model.config, name=source)
       return model
     source = resolved
   if os.path.isdir(source):
-    return load_hf_folder(source, dtype, n_layers)
+    return load_hf_folder(source, dtype, n_layers, mesh)
   if os.path.isfile(source):
-    return load_gguf(source, dtype, n_layers)
+    return load_gguf(source, dtype, n_layers, mesh)
   if source.endswith(".gguf") or os.sep in source and not _HUB_ID.match(source) \
       or source.startswith((".", "~", os.sep)):
     raise GSIError(f"no such file or folder: {source}")
   if _HUB_ID.match(source):
-    return load_hf_folder(_download(source), dtype, n_layers)
+    return load_hf_folder(_download(source), dtype, n_layers, mesh)
   raise GSIError(f"unknown model {source!r}: use a preset ({', '.join(PRESETS)}), "
                  "a .gguf file, a Hugging Face folder or a hub id like owner/name")

@@ -7,6 +7,7 @@ checked against the parameters the model itself declares.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterable, NamedTuple
 
 import jax
@@ -33,9 +34,37 @@ def linear(w):
   return w.T
 
 
-def columns(start: int, stop: int):
+class columns(NamedTuple):
   """A slice of the output axis of an (in, out) kernel or an (out,) bias."""
-  return lambda w: w[..., start:stop]
+  start: int
+  stop: int
+
+  def __call__(self, w):
+    return w[..., self.start:self.stop]
+
+
+class TensorSource(NamedTuple):
+  """A checkpoint's tensors: get(name) reads one whole; get_slice(name, index), where the
+  format allows, reads only `index` of it; names lists every tensor it holds."""
+  get: Callable[[str], np.ndarray]
+  names: frozenset
+  get_slice: Callable[[str, tuple], np.ndarray] | None = None
+
+
+def source_index(transform, index: tuple):
+  """(index into the stored tensor, what makes that part the target's part) for a target
+  `index`, or None where the transform needs the whole tensor (GGUF's row permutation)."""
+  if transform is same:
+    return index, same
+  if transform is linear:  # stored (out, in): the target's columns are the stored rows
+    return index[::-1], linear
+  if isinstance(transform, columns):
+    *lead, last = index
+    start = transform.start + (last.start or 0)
+    stop = transform.start + (transform.stop - transform.start if last.stop is None
+                              else last.stop)
+    return (*lead, slice(start, stop)), same
+  return None
 
 
 def gguf_unpermute(n_heads: int):
@@ -181,32 +210,90 @@ def _refuse_non_finite(origin: str, name: str, value: np.ndarray, dtype) -> None
                  "in float32 or bfloat16")
 
 
-def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes, dtype, origin: str):
+# Buffers that HF checkpoints of some versions carry and no model reads: GPT-2/GPT-J's
+# causal masks and Llama's rotary frequencies (recomputed from the config).
+HARMLESS_UNUSED = re.compile(r"(^|\.)(attn\.(masked_)?bias|rotary_emb\.inv_freq)$")
+TIED_HEAD = "lm_head.weight"
+
+
+def check_all_used(table: Iterable[Entry], source: TensorSource, config: ModelConfig,
+                   origin: str) -> None:
+  """Refuse a checkpoint that holds weights this model would never read: more layers
+  than the config says, a head the config calls tied, another architecture's tensors.
+  Each means the config and the weights disagree, and the model would run without them."""
+  table = list(table)
+  used = {e.source for e in table}
+  unused = sorted(n for n in source.names if n not in used and not HARMLESS_UNUSED.search(n))
+  if unused == [TIED_HEAD] and config.tied_embeddings:
+    embed = next(e.source for e in table if e.path == (P.EMBED, P.EMBEDDING))
+    if np.array_equal(np.asarray(source.get(TIED_HEAD)), np.asarray(source.get(embed))):
+      return  # a tied head saved twice, as some exporters do
+    raise GSIError(f"{origin}: the config ties the LM head to the embedding, but the "
+                   f"checkpoint's {TIED_HEAD} differs from {embed}; fix tie_word_embeddings")
+  if unused:
+    shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+    raise GSIError(f"{origin}: the checkpoint holds {len(unused)} tensor(s) that a "
+                   f"{config.family} model with this config never reads ({shown}); the "
+                   "config does not describe these weights (n_layers, tied embeddings, "
+                   "model_type?)")
+
+
+def fill_params(table: Iterable[Entry], source: TensorSource, shapes, dtype, origin: str,
+                placement=None) -> tuple[dict, int]:
   """Build the parameter tree from `table`, checking every shape and dtype, and that
-  every value is finite: a damaged or quantized checkpoint never runs.
+  every value is finite: a damaged or quantized checkpoint never runs.  Returns the
+  tree and the bytes read from the checkpoint.
 
   `shapes` is the tree of ShapeDtypeStructs the model declares; every leaf
   must be filled exactly once.  Each tensor becomes a jax array as soon as it
   is converted, so the host never holds a second full copy of the model.
+  `placement` (a tree of shardings like `shapes`, or None) places each leaf; a leaf
+  split across devices is read part by part, and where the format allows
+  (safetensors) a process reads only the parts its own devices hold.
   """
   flat = {tuple(k.key for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
-  out = {}
-  for entry in table:
-    if entry.path not in flat:
-      raise GSIError(f"{origin}: mapping names {'/'.join(entry.path)}, which the model lacks")
-    value = np.asarray(entry.transform(get(entry.source)))
+  places = ({tuple(k.key for k in path): s for path, s in jax.tree_util.tree_flatten_with_path(
+      placement)[0]} if placement is not None else {})
+  read = [0]
+
+  def convert(entry, value, want):
+    value = np.asarray(value)
+    read[0] += value.nbytes
     if not jnp.issubdtype(value.dtype, jnp.floating):
       raise GSIError(f"{origin}: tensor {entry.source} is stored as {value.dtype.name}: "
                      "quantized or integer weights are not supported; load the float "
                      "checkpoint (or a GGUF file)")
-    want = flat[entry.path].shape
     if value.shape != want:
       raise GSIError(f"{origin}: {entry.source} has shape {value.shape} after conversion, "
                      f"expected {want} for {'/'.join(entry.path)}")
-    out[entry.path] = jnp.asarray(value, dtype)
-    if not bool(jnp.isfinite(out[entry.path]).all()):
+    with np.errstate(over="ignore"):  # an overflow is refused by name just below
+      out = np.asarray(value, dtype)
+    if not np.isfinite(out).all():
       _refuse_non_finite(origin, entry.source, value, dtype)
+    return out
+
+  def part(entry, index):
+    """The target's `index` of one entry: a slice read where the format allows."""
+    plan = source_index(entry.transform, index) if source.get_slice else None
+    if plan is None:
+      return convert(entry, entry.transform(source.get(entry.source)), flat[entry.path])[index]
+    stored_index, finish = plan
+    want = tuple(len(range(*s.indices(n))) for s, n in zip(index, flat[entry.path].shape))
+    return convert(entry, finish(source.get_slice(entry.source, stored_index)), want)
+
+  out = {}
+  for entry in table:
+    if entry.path not in flat:
+      raise GSIError(f"{origin}: mapping names {'/'.join(entry.path)}, which the model lacks")
+    place = places.get(entry.path)
+    want = flat[entry.path].shape
+    if place is None or place.is_fully_replicated:
+      value = convert(entry, entry.transform(source.get(entry.source)), want)
+      out[entry.path] = jnp.asarray(value) if place is None else jax.device_put(value, place)
+    else:  # each of this process's devices reads and holds its part
+      out[entry.path] = jax.make_array_from_callback(
+          want, place, lambda index, e=entry: part(e, index))
   missing = sorted("/".join(p) for p in flat if p not in out)
   if missing:
     raise GSIError(f"{origin}: no source tensor for {missing[:5]}")
@@ -216,4 +303,4 @@ def fill_params(table: Iterable[Entry], get: Callable[[str], np.ndarray], shapes
     for key in path[:-1]:
       node = node.setdefault(key, {})
     node[path[-1]] = value
-  return tree
+  return tree, read[0]

@@ -76,8 +76,9 @@ def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
 
 
 def device_memory_bytes() -> int:
-  """Memory of the default device: an accelerator's own limit, else the host's RAM."""
-  stats = jax.devices()[0].memory_stats() or {}
+  """Memory of this process's first device: an accelerator's own limit, else the host's RAM.
+  (jax.devices()[0] may belong to another process, whose memory no process can ask.)"""
+  stats = jax.local_devices()[0].memory_stats() or {}
   if "bytes_limit" in stats:
     return int(stats["bytes_limit"])
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -120,6 +121,8 @@ class Model:
   `params` is a plain pytree; every method takes params explicitly so that
   transformed (GSI) parameters go through the same entry points.
   eos_ids: the end-of-sequence token ids greedy decoding stops at.
+  bytes_read: what this process read of the checkpoint (a share of it when loaded onto a
+  mesh of several processes).
   """
   config: ModelConfig
   params: Any
@@ -127,6 +130,7 @@ class Model:
   dtype: Any = jnp.float32
   source: str = ""
   eos_ids: tuple[int, ...] = ()
+  bytes_read: int = 0
 
   @functools.cached_property
   def module(self) -> Decoder:

@@ -1,0 +1,235 @@
+"""More than one process: JAX's multi-controller runtime, joined from flags or the cluster.
+
+Every process runs the same program over its own devices; `sharding.make_mesh()` then
+spans the devices of all of them, and XLA's collectives (gloo on CPU, NCCL/RCCL on
+GPUs) cross processes.  Without a coordinator, and without `auto`, a run is one
+process exactly as before.  Three things are added to what `jax.distributed` does:
+
+- `agree` refuses, before any compute, processes started with different settings
+  (another k, model or eps would make their collectives wait on each other forever).
+- A watchdog ends every process within `timeout_s` with one `error:` line when a
+  peer never joins, stops answering, or fails.  JAX's own fate-sharing would end them
+  too, a little later, but through a C++ abort and its stack trace.
+- `host_copy` and `is_primary`: whole host values of sharded arrays, and one writer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+
+from gsi_jax.errors import GSIError
+
+PULSE_S = 1.0  # how often each process says it is alive
+_KEY = "gsi_jax/"
+_ADDRESS = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:(\d{1,5})$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+  """How this process joins the others; checked on construction."""
+  coordinator_address: str = ""  # host:port of process 0; "" = one process (or auto)
+  num_processes: int | None = None
+  process_id: int | None = None
+  auto: bool = False  # let jax.distributed detect the cluster (SLURM, Open MPI, ...)
+  timeout_s: int = 60  # a peer that has not joined, or stops answering, by then ends the run
+
+  def __post_init__(self):
+    if self.timeout_s < 5:
+      raise GSIError(f"--process_timeout_s must be >= 5 seconds, got {self.timeout_s}")
+    if not self.coordinator_address:
+      if not self.auto and (self.num_processes not in (None, 1) or self.process_id not in (None, 0)):
+        raise GSIError("--num_processes and --process_id need --coordinator_address "
+                       "(host:port of process 0), or --distributed_auto on a cluster")
+      return
+    port = _ADDRESS.match(self.coordinator_address)
+    if not port or not 0 < int(port.group(1)) < 65536:
+      raise GSIError(f"--coordinator_address must be host:port, got {self.coordinator_address!r}")
+    if self.num_processes is None or self.num_processes < 1:
+      raise GSIError(f"--coordinator_address needs --num_processes >= 1, got {self.num_processes}")
+    if self.process_id is None or not 0 <= self.process_id < self.num_processes:
+      raise GSIError(f"--process_id must be in 0..{self.num_processes - 1}, got {self.process_id}")
+
+  @property
+  def joins(self) -> bool:
+    return bool(self.coordinator_address) or self.auto
+
+
+def initialize(config: ProcessConfig) -> None:
+  """Join the other processes (a no-op for one process), then watch them."""
+  if not config.joins or jax.distributed.is_initialized():
+    return
+  if "cpu" in os.environ.get("JAX_PLATFORMS", "cpu"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  run = (f"the {config.num_processes}-process run at {config.coordinator_address}"
+         if config.coordinator_address else "the cluster's run")
+  logging.info("joining %s as process %s", run, config.process_id)
+  # JAX's own limits sit behind ours, so that our watchdog speaks first.
+  joining = _deadline(config.timeout_s, f"not every process joined {run} within "
+                      f"{config.timeout_s} s; start each one with the same "
+                      "--coordinator_address and --num_processes")
+  try:
+    jax.distributed.initialize(
+        config.coordinator_address or None, config.num_processes, config.process_id,
+        initialization_timeout=config.timeout_s + 30,
+        heartbeat_timeout_seconds=config.timeout_s + 30)
+  except Exception as e:  # noqa: BLE001  jaxlib raises several types here
+    raise GSIError(f"cannot join {run} ({type(e).__name__}: {str(e)[:200]})") from None
+  finally:
+    joining.cancel()
+  _Watchdog(config.timeout_s).start()
+  logging.info("process %d of %d joined; %d devices in all", jax.process_index(),
+               jax.process_count(), jax.device_count())
+
+
+def is_primary() -> bool:
+  """The one process that writes files (outputs, checkpoints) for all of them."""
+  return jax.process_index() == 0
+
+
+def agree(settings: dict) -> None:
+  """Refuse processes started with different settings, naming the settings that differ."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils
+  names = sorted(settings)
+  digests = np.stack([np.frombuffer(hashlib.sha256(json.dumps(
+      settings[n], sort_keys=True, default=str).encode()).digest(), np.uint8) for n in names])
+  everyone = np.asarray(multihost_utils.process_allgather(digests))  # (processes, names, 32)
+  differ = [n for i, n in enumerate(names) if not (everyone[:, i] == everyone[0, i]).all()]
+  if differ:
+    who = [p for p in range(len(everyone)) if not (everyone[p] == everyone[0]).all()]
+    raise GSIError(f"processes {who} were started with another {', '.join(differ)} than "
+                   "process 0; start every process with the same flags")
+
+
+def host_copy(x) -> np.ndarray:
+  """The whole value of an array on this host, also when other processes hold parts of it."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(jax.device_get(x))
+
+
+def from_primary(value: int) -> int:
+  """Process 0's integer, on every process once process 0 has it (so also a barrier)."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+
+
+def same_as_primary(value: int, what: str, where: str) -> None:
+  """Refuse a run whose processes see different files at `where` (no shared file system)."""
+  if from_primary(value) != value:
+    raise GSIError(f"process {jax.process_index()} finds {what} at {where} other than process "
+                   "0 does; in a run of several processes it must be on a file system that "
+                   "every process shares")
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  leave(2)
+
+
+def leave(status: int) -> None:
+  """Exit now.  Once the processes have joined, a normal exit would wait in JAX's shutdown
+  barrier for peers that are gone, then abort with a C++ stack trace."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  if jax.distributed.is_initialized():
+    os._exit(status)
+  sys.exit(status)
+
+
+def _deadline(seconds: float, message: str) -> threading.Timer:
+  timer = threading.Timer(seconds, _fail, args=(message,))
+  timer.daemon = True
+  timer.start()
+  return timer
+
+
+def _client():
+  from jax._src import distributed  # the runtime's key-value store; Orbax reads it too
+  return distributed.global_state.client
+
+
+class _Watchdog(threading.Thread):
+  """Each process bumps its own key every PULSE_S; a peer whose key stands still for
+  timeout_s, or that says it failed, ends this process with one error line.  A process
+  that finished says so at exit, so that its silence is not taken for a death."""
+
+  def __init__(self, timeout_s: float):
+    super().__init__(name="gsi_jax-watchdog", daemon=True)
+    self.timeout_s, self.me, self.n = timeout_s, jax.process_index(), jax.process_count()
+    self.stopped = threading.Event()
+    atexit.register(self.finish)
+
+  def finish(self) -> None:
+    self.stopped.set()
+    try:
+      _client().key_value_set(f"{_KEY}done/{self.me}", "1", allow_overwrite=True)
+    except Exception:  # noqa: BLE001  the coordinator may be gone already
+      pass
+
+  def run(self) -> None:
+    beat, seen = 0, {p: (None, time.monotonic()) for p in range(self.n) if p != self.me}
+    while not self.stopped.wait(PULSE_S):
+      try:
+        client = _client()
+        beat += 1
+        client.key_value_set(f"{_KEY}alive/{self.me}", str(beat), allow_overwrite=True)
+        alive = dict(client.key_value_dir_get(f"{_KEY}alive/"))
+        done = {k.rsplit("/", 1)[-1] for k, _ in client.key_value_dir_get(f"{_KEY}done/")}
+        failed = dict(client.key_value_dir_get(f"{_KEY}failed/"))
+      except Exception as e:  # noqa: BLE001
+        if self.stopped.is_set():
+          return
+        _fail(f"lost the coordinator (process 0) of this {self.n}-process run "
+              f"({type(e).__name__}); it stopped or cannot be reached")
+      for key, message in failed.items():
+        _fail(f"process {key.rsplit('/', 1)[-1]} failed: {message}")
+      now = time.monotonic()
+      for p, (last, since) in list(seen.items()):
+        value = alive.get(f"{_KEY}alive/{p}")
+        if str(p) in done:
+          seen.pop(p)
+        elif value != last:
+          seen[p] = (value, now)
+        elif now - since > self.timeout_s:
+          _fail(f"process {p} of {self.n} stopped answering (nothing from it for "
+                f"{self.timeout_s} s); every process of the run ends")
+
+
+_LOST_PEER = re.compile(r"(Gloo|NCCL|RCCL|MPI)\b.*(closed by peer|Connection reset|"
+                        r"unhandled system error|remote process exited)", re.I | re.S)
+
+
+def lost_peer(error: BaseException) -> str | None:
+  """One line for a collective that failed because another process went away, else None."""
+  found = _LOST_PEER.search(str(error))
+  if not found or jax.process_count() == 1:
+    return None
+  return (f"another process of this {jax.process_count()}-process run went away during a "
+          f"collective ({found.group(1)}: {found.group(2)}); every process of the run ends")
+
+
+def report_failure(message: str) -> None:
+  """Tell the other processes that this one failed, so that they end now, not on timeout."""
+  if jax.process_count() > 1:
+    try:
+      _client().key_value_set(f"{_KEY}failed/{jax.process_index()}", message[:500],
+                              allow_overwrite=True)
+    except Exception:  # noqa: BLE001
+      pass
