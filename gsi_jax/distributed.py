@@ -70,8 +70,8 @@ def initialize(config: ProcessConfig) -> None:
   """Join the other processes (a no-op for one process), then watch them."""
   if not config.joins or jax.distributed.is_initialized():
     return
-  if "cpu" in os.environ.get("JAX_PLATFORMS", "cpu"):
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # Collectives between CPU devices go through gloo (GPUs use NCCL/RCCL regardless).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   run = (f"the {config.num_processes}-process run at {config.coordinator_address}"
          if config.coordinator_address else "the cluster's run")
   logging.info("joining %s as process %s", run, config.process_id)

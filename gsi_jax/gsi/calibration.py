@@ -184,6 +184,12 @@ def _embed(module, params, ids_BT):
   return module.apply({"params": params}, ids_BT, method=Decoder.embed_inputs)
 
 
+def _zero_gram(d: int, where: NamedSharding | None) -> jax.Array:
+  """A d x d float32 zero made in place on each device's rows: a host zero placed after
+  would be a whole d x d temporary on every process (1 GiB at d = 16384)."""
+  return jax.jit(lambda: jnp.zeros((d, d), jnp.float32), out_shardings=where)()
+
+
 def _row_sharded(mesh: Mesh | None, d: int):
   """Gram matrices split by rows over the mesh (whole where the mesh does not divide d)."""
   if mesh is None:
@@ -264,8 +270,7 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
   _, shapes = jax.eval_shape(lambda p, x: _layer_forward(p, x, block), params[layer_names[0]],
                              jnp.zeros((1, ids.shape[1], model.config.d_model), model.dtype))
   widths = {site: x.shape[-1] for site, x in shapes.items()}
-  zeros = lambda: {site: jax.device_put(jnp.zeros((d, d), jnp.float32), _row_sharded(mesh, d))
-                   for site, d in widths.items()}
+  zeros = lambda: {site: _zero_gram(d, _row_sharded(mesh, d)) for site, d in widths.items()}
   # Keep a layer's site inputs when they are smaller than its Gram matrices, and add them
   # up after the forward: the forward's temporaries (XLA's CPU dot converts each bf16
   # weight to float32) and the Gram matrices are then never alive together.

@@ -288,9 +288,13 @@ def fill_params(table: Iterable[Entry], source: TensorSource, shapes, dtype, ori
       raise GSIError(f"{origin}: mapping names {'/'.join(entry.path)}, which the model lacks")
     place = places.get(entry.path)
     want = flat[entry.path].shape
-    if place is None or place.is_fully_replicated:
+    if place is None:
+      out[entry.path] = jnp.asarray(convert(entry, entry.transform(source.get(entry.source)),
+                                            want))
+    elif place.is_fully_replicated:  # whole on every device, copied from this host's read
+      # (a device_put onto the devices of several processes holds transient copies of it)
       value = convert(entry, entry.transform(source.get(entry.source)), want)
-      out[entry.path] = jnp.asarray(value) if place is None else jax.device_put(value, place)
+      out[entry.path] = jax.make_array_from_callback(want, place, lambda index, v=value: v[index])
     else:  # each of this process's devices reads and holds its part
       out[entry.path] = jax.make_array_from_callback(
           want, place, lambda index, e=entry: part(e, index))
