@@ -107,9 +107,9 @@ def test_storage_overhead_counts_megabytes_as_the_paper_does():
     assert r["added_params"] == pytest.approx(k / 128 * gptj[128]["added_params"])
 
 
-def test_two_process_scale_run_reads_its_share_but_holds_more_than_one_process():
+def test_two_process_scale_run_reads_and_holds_its_share():
   """RESULTS §12: each of 2 processes reads 1.63 of 2.44 GB and peaks at 0.75x the one-process
-  run at load, but above it in calibration."""
+  run at load and 0.70x in calibration."""
   one = load("benchmarks/scale-gptj-6b-4-layers-1-process.json")
   two = load("benchmarks/scale-gptj-6b-4-layers-2-processes.json")
   assert (one["processes"], two["processes"]) == (1, 2) and one["layers"] == two["layers"] == 4
@@ -118,4 +118,4 @@ def test_two_process_scale_run_reads_its_share_but_holds_more_than_one_process()
   at_load = [round(gb / one["load_peak_rss_gb"], 2) for gb in two["load_peak_rss_gb_per_process"]]
   calib = [round(gb / one["calib_peak_rss_gb"]["krylov"], 2)
            for gb in two["calib_peak_rss_gb_per_process"]["krylov"]]
-  assert at_load == [0.75, 0.75] and sorted(calib) == [1.08, 1.09]
+  assert at_load == [0.75, 0.75] and calib == [0.7, 0.7]

@@ -35,20 +35,22 @@ METHODS = ("eigh", "cascade", "krylov")
 GRAM_BLOCK_ROWS = 2048
 
 
-def _add_gram(gram, x):
+def _add_gram(gram, x, row0=0):
   """gram + XᵀX, updated in place a block of rows at a time in a loop: `gram + X.T @ X`
-  (or a slice-by-slice .at[].add) makes XLA hold a second d × d matrix (1 GiB at d = 16384)."""
+  (or a slice-by-slice .at[].add) makes XLA hold a second d × d matrix (1 GiB at d = 16384).
+
+  gram may be rows row0.. of the whole Gram matrix (one device's share of it)."""
   X = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-  d = X.shape[1]
-  if d <= GRAM_BLOCK_ROWS:
-    return gram + X.T @ X
-  block = math.gcd(d, GRAM_BLOCK_ROWS)  # divides d, so every step is a full block
+  rows = gram.shape[0]
+  if rows <= GRAM_BLOCK_ROWS:
+    return gram + jax.lax.dynamic_slice_in_dim(X, row0, rows, axis=1).T @ X
+  block = math.gcd(rows, GRAM_BLOCK_ROWS)  # divides rows, so every step is a full block
 
   def add_rows(i, gram):
-    rows = jax.lax.dynamic_slice_in_dim(X, i * block, block, axis=1)
-    updated = jax.lax.dynamic_slice_in_dim(gram, i * block, block, axis=0) + rows.T @ X
+    cols = jax.lax.dynamic_slice_in_dim(X, row0 + i * block, block, axis=1)
+    updated = jax.lax.dynamic_slice_in_dim(gram, i * block, block, axis=0) + cols.T @ X
     return jax.lax.dynamic_update_slice_in_dim(gram, updated, i * block, axis=0)
-  return jax.lax.fori_loop(0, d // block, add_rows, gram)
+  return jax.lax.fori_loop(0, rows // block, add_rows, gram)
 
 
 @functools.partial(jax.jit, static_argnames=("module", "collection"), donate_argnums=(1,))
@@ -209,11 +211,17 @@ def _layer_forward(layer_params, x_BTD, block):
 
 @functools.partial(jax.jit, static_argnames=("mesh",), donate_argnums=(0,))
 def _add_grams(grams, inputs, mesh):
-  grams = jax.tree.map(_add_gram, grams, inputs)
-  if mesh is not None:
-    grams = jax.tree.map(
-        lambda g: jax.lax.with_sharding_constraint(g, _row_sharded(mesh, g.shape[0])), grams)
-  return grams
+  """Every site's Gram plus its inputs' XᵀX.  On a mesh each device adds to its own rows
+  (shard_map): left to XLA, the in-place row loop over a row-split Gram held a whole
+  d x d temporary on every device."""
+  def add(gram, x):
+    if mesh is None or _row_sharded(mesh, gram.shape[0]).spec == PartitionSpec():
+      return _add_gram(gram, x)
+    return jax.shard_map(
+        lambda g, x: _add_gram(g, x, jax.lax.axis_index(sharding.AXIS) * g.shape[0]),
+        mesh=mesh, in_specs=(PartitionSpec(sharding.AXIS, None), PartitionSpec()),
+        out_specs=PartitionSpec(sharding.AXIS, None))(gram, x)
+  return jax.tree.map(add, grams, inputs)
 
 
 def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_len: int = 256,
