@@ -33,6 +33,8 @@ from gsi_jax.errors import GSIError
 
 PULSE_S = 1.0  # how often each process says it is alive
 _KEY = "gsi_jax/"
+_joined = threading.Event()  # set once this process has joined the others
+_leaving = threading.Event()  # set once this process is on its way out: one error line only
 _ADDRESS = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:(\d{1,5})$")
 
 
@@ -88,6 +90,7 @@ def initialize(config: ProcessConfig) -> None:
     raise GSIError(f"cannot join {run} ({type(e).__name__}: {str(e)[:200]})") from None
   finally:
     joining.cancel()
+  _joined.set()
   _Watchdog(config.timeout_s).start()
   logging.info("process %d of %d joined; %d devices in all", jax.process_index(),
                jax.process_count(), jax.device_count())
@@ -139,18 +142,34 @@ def same_as_primary(value: int, what: str, where: str) -> None:
 
 
 def _fail(message: str) -> None:
+  if _leaving.is_set():  # already leaving, with its own line
+    return
   print(f"error: {message}", file=sys.stderr, flush=True)
   leave(2)
 
 
 def leave(status: int) -> None:
   """Exit now.  Once the processes have joined, a normal exit would wait in JAX's shutdown
-  barrier for peers that are gone, then abort with a C++ stack trace."""
+  barrier for peers that are gone, then abort with a C++ stack trace.  Process 0 hosts the
+  runtime's coordination service: it waits (a few pulses at most) for the others to leave
+  first, since a peer still talking to a service that is gone aborts inside jaxlib."""
+  _leaving.set()
   sys.stdout.flush()
   sys.stderr.flush()
-  if jax.distributed.is_initialized():
-    os._exit(status)
-  sys.exit(status)
+  if not _joined.is_set():
+    if threading.current_thread() is threading.main_thread():
+      sys.exit(status)
+    os._exit(status)  # the join's timer: sys.exit would end only its thread
+  try:
+    client = _client()
+    client.key_value_set(f"{_KEY}left/{jax.process_index()}", str(status), allow_overwrite=True)
+    deadline = time.monotonic() + 5 * PULSE_S
+    while is_primary() and time.monotonic() < deadline and len(
+        client.key_value_dir_get(f"{_KEY}left/")) < jax.process_count():
+      time.sleep(PULSE_S / 10)
+  except Exception:  # noqa: BLE001  the coordinator may be gone already
+    pass
+  os._exit(status)
 
 
 def _deadline(seconds: float, message: str) -> threading.Timer:
@@ -186,6 +205,8 @@ class _Watchdog(threading.Thread):
   def run(self) -> None:
     beat, seen = 0, {p: (None, time.monotonic()) for p in range(self.n) if p != self.me}
     while not self.stopped.wait(PULSE_S):
+      if _leaving.is_set():
+        return
       try:
         client = _client()
         beat += 1
@@ -199,7 +220,8 @@ class _Watchdog(threading.Thread):
         _fail(f"lost the coordinator (process 0) of this {self.n}-process run "
               f"({type(e).__name__}); it stopped or cannot be reached")
       for key, message in failed.items():
-        _fail(f"process {key.rsplit('/', 1)[-1]} failed: {message}")
+        if key.rsplit("/", 1)[-1] != str(self.me):
+          _fail(f"process {key.rsplit('/', 1)[-1]} failed: {message}")
       now = time.monotonic()
       for p, (last, since) in list(seen.items()):
         value = alive.get(f"{_KEY}alive/{p}")
@@ -227,6 +249,7 @@ def lost_peer(error: BaseException) -> str | None:
 
 def report_failure(message: str) -> None:
   """Tell the other processes that this one failed, so that they end now, not on timeout."""
+  _leaving.set()  # this process says its own error; its watchdog says no other
   if jax.process_count() > 1:
     try:
       _client().key_value_set(f"{_KEY}failed/{jax.process_index()}", message[:500],
