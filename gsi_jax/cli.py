@@ -12,7 +12,6 @@ import sys
 import traceback
 from typing import Callable
 
-import jax
 from absl import app, flags
 
 from gsi_jax import distributed, experiment, text
@@ -105,7 +104,7 @@ def run(main: Callable) -> None:
       print(interrupted_message(), file=sys.stderr)
       distributed.leave(130)
     except Exception as e:  # a peer gone, or a bug: its traceback, and the others told to end
-      if not jax.distributed.is_initialized():
+      if not distributed.joined():
         raise
       lost = distributed.lost_peer(e)
       if lost:

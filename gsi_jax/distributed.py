@@ -96,6 +96,11 @@ def initialize(config: ProcessConfig) -> None:
                jax.process_count(), jax.device_count())
 
 
+def joined() -> bool:
+  """Whether this process has joined others (then it must leave through `leave`)."""
+  return _joined.is_set()
+
+
 def is_primary() -> bool:
   """The one process that writes files (outputs, checkpoints) for all of them."""
   return jax.process_index() == 0
@@ -156,7 +161,7 @@ def leave(status: int) -> None:
   _leaving.set()
   sys.stdout.flush()
   sys.stderr.flush()
-  if not _joined.is_set():
+  if not joined():
     if threading.current_thread() is threading.main_thread():
       sys.exit(status)
     os._exit(status)  # the join's timer: sys.exit would end only its thread

@@ -247,9 +247,9 @@ def fill_params(table: Iterable[Entry], source: TensorSource, shapes, dtype, ori
   `shapes` is the tree of ShapeDtypeStructs the model declares; every leaf
   must be filled exactly once.  Each tensor becomes a jax array as soon as it
   is converted, so the host never holds a second full copy of the model.
-  `placement` (a tree of shardings like `shapes`, or None) places each leaf; a leaf
-  split across devices is read part by part, and where the format allows
-  (safetensors) a process reads only the parts its own devices hold.
+  `placement` (a tree of shardings like `shapes`, or None) places each leaf; where the
+  format allows (safetensors) a leaf split across devices is read part by part, so a
+  process reads only the parts its own devices hold.
   """
   flat = {tuple(k.key for k in path): leaf
           for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]}
@@ -274,13 +274,14 @@ def fill_params(table: Iterable[Entry], source: TensorSource, shapes, dtype, ori
     return out
 
   def part(entry, index):
-    """The target's `index` of one entry: a slice read where the format allows."""
-    plan = source_index(entry.transform, index) if source.get_slice else None
-    if plan is None:
-      return convert(entry, entry.transform(source.get(entry.source)), flat[entry.path])[index]
-    stored_index, finish = plan
+    """The target's `index` of one entry, read as a slice of the stored tensor."""
+    stored_index, finish = source_index(entry.transform, index)
     want = tuple(len(range(*s.indices(n))) for s, n in zip(index, flat[entry.path].shape))
     return convert(entry, finish(source.get_slice(entry.source, stored_index)), want)
+
+  def sliceable(entry):
+    return source.get_slice is not None and source_index(
+        entry.transform, (slice(None),) * len(flat[entry.path].shape)) is not None
 
   out = {}
   for entry in table:
@@ -291,11 +292,12 @@ def fill_params(table: Iterable[Entry], source: TensorSource, shapes, dtype, ori
     if place is None:
       out[entry.path] = jnp.asarray(convert(entry, entry.transform(source.get(entry.source)),
                                             want))
-    elif place.is_fully_replicated:  # whole on every device, copied from this host's read
-      # (a device_put onto the devices of several processes holds transient copies of it)
+    elif place.is_fully_replicated or not sliceable(entry):
+      # Read whole once; each device takes its part of this host's copy (a device_put onto
+      # the devices of several processes would hold transient copies of it).
       value = convert(entry, entry.transform(source.get(entry.source)), want)
       out[entry.path] = jax.make_array_from_callback(want, place, lambda index, v=value: v[index])
-    else:  # each of this process's devices reads and holds its part
+    else:  # each of this process's devices reads and holds only its part
       out[entry.path] = jax.make_array_from_callback(
           want, place, lambda index, e=entry: part(e, index))
   missing = sorted("/".join(p) for p in flat if p not in out)
