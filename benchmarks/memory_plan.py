@@ -1,50 +1,69 @@
-"""Memory of calibration and inference per device, from the published shapes alone.
+"""Memory per host and per device for loading and calibrating published shapes on 1-16
+hosts, from their parameter shapes, checked against measured runs.
 
   python benchmarks/memory_plan.py --out results/benchmarks/memory_plan.json
 
-For each shape: the weights in bf16, the float32 Gram matrices of one layer (what
-streaming calibration holds) and of all layers (what an all-at-once calibration
-held), the calibration windows' hidden states, and per device on meshes of 1-16
-devices with weights split by columns and Gram matrices by rows
-(gsi_jax.sharding, calibrate(mesh=...)).  Arithmetic on parameter shapes that
-the decoder itself declares; nothing is allocated.
+The model (gsi_jax/footprint.py): each device holds the replicated leaves, its column
+share of the split ones, its rows of one layer's float32 Gram matrices and the
+replicated calibration windows.  A host running one process per device adds a constant
+per phase (runtime and transients), fitted on `--fit_on`, a one-process
+`benchmarks/scale.py` record; each `--check` record is then predicted and compared with
+what it measured.  Nothing is allocated.
 """
 
+import json
 import logging
+import os
 
-import jax
-import jax.numpy as jnp
 from absl import flags
 
-from gsi_jax import cli, experiment
+from gsi_jax import cli, experiment, footprint
 from gsi_jax.errors import GSIError
 from gsi_jax.loading import synthetic
-from gsi_jax.loading.hf_config import config_from_hf
-from gsi_jax.loading.load import param_shapes
-from gsi_jax.models import params as P
 
-_SHAPES = flags.DEFINE_list("shapes", ["gptj-6b", "opt-6.7b", "opt-66b"], "Published shapes.")
+_SHAPES = flags.DEFINE_list("shapes", ["gptj-6b", "opt-6.7b", "opt-66b", "opt-175b"],
+                            "Published shapes.")
 _CALIB_TOKENS = flags.DEFINE_integer("calib_tokens", 16384, "Calibration tokens (hidden states).")
-_DEVICES = flags.DEFINE_list("devices", ["1", "4", "8", "16"], "Mesh sizes.")
+_HOSTS = flags.DEFINE_list("hosts", ["1", "2", "4", "8", "16"], "Host counts.")
+_DEVICES_PER_HOST = flags.DEFINE_integer("devices_per_host", 8,
+                                         "Accelerators per host, for the per-device plan.")
+_FIT_ON = flags.DEFINE_string(
+    "fit_on", "results/benchmarks/scale-gptj-6b-4-layers-1-process.json",
+    "A one-process scale.py JSON: fits each phase's per-process constant.")
+_CHECK = flags.DEFINE_list(
+    "check", ["results/benchmarks/scale-gptj-6b-4-layers-2-processes.json",
+              "results/benchmarks/scale-gptj-6b.json", "results/benchmarks/scale-opt-6.7b.json"],
+    "scale.py JSONs the fitted model predicts.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/memory_plan.json", "JSON output.")
 
-GB = 1e9
+
+def measured_run(path: str) -> footprint.MeasuredRun:
+  if not os.path.isfile(path):
+    raise GSIError(f"{path}: no such file; pass a JSON that benchmarks/scale.py wrote")
+  try:
+    with open(path, encoding="utf-8") as f:
+      record = json.load(f)
+  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise GSIError(f"{path}: not readable JSON ({e}); pass a JSON that benchmarks/scale.py "
+                   "wrote") from None
+  return footprint.MeasuredRun.from_record(path, record)
 
 
-def plan(shape: str, calib_tokens: int, devices: tuple[int, ...]) -> dict:
-  config = config_from_hf(synthetic.hf_config(shape).to_dict(), name=shape)
-  shapes = param_shapes(config, jnp.bfloat16)
-  weights = sum(x.size * 2 for x in jax.tree.leaves(shapes))
-  widths = P.site_widths(shapes)
-  gram_layer = max(sum(4 * d * d for d in sites.values()) for sites in widths.values())
-  gram_all = sum(4 * d * d for sites in widths.values() for d in sites.values())
-  hidden = calib_tokens * config.d_model * 2  # bf16 hidden states, replicated
+def plan(shape: str, calib_tokens: int, hosts: tuple[int, ...], devices_per_host: int,
+         constants: dict) -> dict:
+  one = footprint.device_bytes(shape, 1, calib_tokens)
+  per_host, per_device = {}, {}
+  for n in hosts:
+    host = footprint.device_bytes(shape, n, calib_tokens)
+    per_host[str(n)] = {phase: constants[phase] + host.phase_gb(phase.split(":")[0])
+                        for phase in constants}
+    device = footprint.device_bytes(shape, n * devices_per_host, calib_tokens)
+    per_device[str(n)] = {"load": device.load_gb, "calibration": device.calibration_gb}
   return {
-      "shape": shape, "layers": config.n_layers, "d_model": config.d_model,
-      "site_widths": sorted({d for sites in widths.values() for d in sites.values()}),
-      "weights_gb": weights / GB, "gram_one_layer_gb": gram_layer / GB,
-      "gram_all_layers_gb": gram_all / GB, "hidden_states_gb": hidden / GB,
-      "per_device_gb": {str(n): (weights / n + gram_layer / n + hidden) / GB for n in devices},
+      "shape": shape, "layers": one.layers, "weights_gb": one.replicated_gb + one.split_gb,
+      "replicated_gb": one.replicated_gb, "gram_one_layer_gb": one.gram_layer_gb,
+      "gram_all_layers_gb": footprint.gram_all_layers_gb(shape), "hidden_states_gb": one.hidden_gb,
+      "per_host_gb": per_host, "per_device_gb": per_device,
   }
 
 
@@ -53,15 +72,25 @@ def main(argv):
   for shape in _SHAPES.value:
     if shape not in synthetic.SHAPES:
       raise GSIError(f"--shapes: unknown shape {shape!r}; use {', '.join(synthetic.SHAPES)}")
-  devices = tuple(experiment.positive("--devices", n)
-                  for n in cli.numbers("devices", _DEVICES.value, int))
+  hosts = tuple(experiment.positive("--hosts", n) for n in cli.numbers("hosts", _HOSTS.value, int))
   experiment.positive("--calib_tokens", _CALIB_TOKENS.value)
+  experiment.positive("--devices_per_host", _DEVICES_PER_HOST.value)
   out = experiment.check_output_path(_OUT.value)
-  records = [plan(s, _CALIB_TOKENS.value, devices) for s in _SHAPES.value]
-  for r in records:
-    logging.info("%s: weights %.1f GB, Grams %.2f GB per layer (%.1f GB all layers)", r["shape"],
-                 r["weights_gb"], r["gram_one_layer_gb"], r["gram_all_layers_gb"])
-  experiment.write_json(out, {"calib_tokens": _CALIB_TOKENS.value, "records": records})
+  fit = measured_run(_FIT_ON.value)
+  checked = [measured_run(path) for path in _CHECK.value]
+  constants = footprint.fit_constants(fit)
+  checks = [row for run in checked for row in footprint.check(run, constants)]
+  for row in checks:
+    logging.info("%s, %d layers, %d process(es), %s: predicted %.2f GB, measured %.2f GB (%+.1f%%)",
+                 row["shape"], row["layers"], row["processes"], row["phase"],
+                 row["predicted_gb"], row["measured_gb"], 100 * row["relative_error"])
+  records = [plan(s, _CALIB_TOKENS.value, hosts, _DEVICES_PER_HOST.value, constants)
+             for s in _SHAPES.value]
+  experiment.write_json(out, {
+      "calib_tokens": _CALIB_TOKENS.value, "devices_per_host": _DEVICES_PER_HOST.value,
+      "fit_on": fit.path, "constants_gb": constants, "checks": checks,
+      "worst_relative_error": max((abs(r["relative_error"]) for r in checks), default=None),
+      "records": records})
 
 
 if __name__ == "__main__":

@@ -33,14 +33,19 @@ def _spec(path_keys, leaf, sites, n) -> PartitionSpec:
   return PartitionSpec(None, AXIS) if leaf.ndim == 2 else PartitionSpec(AXIS)
 
 
-def shardings(params, mesh: Mesh):
-  """The NamedSharding of every leaf (arrays or their ShapeDtypeStructs): site kernels,
-  M and biases split by columns, everything else whole on every device."""
+def partition_specs(params, n_devices: int):
+  """The PartitionSpec of every leaf (arrays or their ShapeDtypeStructs) on a mesh of
+  `n_devices`: site kernels, M and biases split by columns, everything else whole."""
   sites = P.site_kernels(params)
-  n = mesh.devices.size
   return jax.tree_util.tree_map_with_path(
-      lambda path, leaf: NamedSharding(mesh, _spec([p.key for p in path], leaf, sites, n)),
-      params)
+      lambda path, leaf: _spec([p.key for p in path], leaf, sites, n_devices), params)
+
+
+def shardings(params, mesh: Mesh):
+  """The NamedSharding of every leaf, as `partition_specs` places it on `mesh`."""
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                      partition_specs(params, mesh.devices.size),
+                      is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def shard_params(params, mesh: Mesh):

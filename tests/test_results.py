@@ -119,3 +119,22 @@ def test_two_process_scale_run_reads_and_holds_its_share():
   calib = [round(gb / one["calib_peak_rss_gb"]["krylov"], 2)
            for gb in two["calib_peak_rss_gb_per_process"]["krylov"]]
   assert at_load == [0.75, 0.75] and calib == [0.7, 0.7]
+
+
+def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
+  """RESULTS §12: fitted on the 1-process 4-layer run, the model predicts the other measured
+  peaks within 3%, calibration always below the measurement."""
+  from gsi_jax import footprint
+  plan = load("benchmarks/memory_plan.json")
+  run = lambda path: footprint.MeasuredRun.from_record(path, load(path.removeprefix("results/")))
+  constants = footprint.fit_constants(run(plan["fit_on"]))
+  assert constants == pytest.approx(plan["constants_gb"], rel=1e-9)
+  checks = [row for path in sorted({r["run"] for r in plan["checks"]})
+            for row in footprint.check(run(path), constants)]
+  assert sorted(checks, key=str) == sorted(plan["checks"], key=str)
+  assert len(checks) == 6 and plan["worst_relative_error"] < 0.03
+  assert all(-0.03 < r["relative_error"] < 0 for r in checks if r["phase"] != "load")
+  opt_175b = next(r for r in plan["records"] if r["shape"] == "opt-175b")
+  sixteen = footprint.device_bytes("opt-175b", 16, plan["calib_tokens"])
+  assert opt_175b["per_host_gb"]["16"]["load"] == pytest.approx(
+      constants["load"] + sixteen.load_gb, rel=1e-9)

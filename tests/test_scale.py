@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.flax import save_file
 
 import gsi_jax
-from gsi_jax import GSIError
+from gsi_jax import GSIError, footprint
 from gsi_jax.gsi import calibration, solvers
 from gsi_jax.loading import synthetic
 from gsi_jax.models import params as P
@@ -277,3 +277,30 @@ def test_gpu_summary_reports_missing_steps(tmp_path):
   assert "missing" in s["kernel_one_map"] and "missing" in s["gptj_6b_shape"]
   assert_one_error_line(run_benchmark("gpu_summary.py", [f"--dir={tmp_path / 'nowhere'}"]),
                         "is not a folder")
+
+
+def test_memory_plan_models_what_a_process_reads():
+  """footprint's bytes for GPT-J's first 4 layers on 2 devices are what each of the 2
+  processes of RESULTS §12 read (bytes_read_gb_per_process), and on 1 device the whole."""
+  with open(os.path.join(ROOT, "results/benchmarks/scale-gptj-6b-4-layers-2-processes.json"),
+            encoding="utf-8") as f:
+    two = json.load(f)
+  share = footprint.device_bytes("gptj-6b", 2, 512, layers=4)
+  whole = footprint.device_bytes("gptj-6b", 1, 512, layers=4)
+  assert share.load_gb == pytest.approx(two["bytes_read_gb_per_process"][0], rel=1e-6)
+  assert whole.load_gb == pytest.approx(two["weights_gb"], rel=1e-6)
+  assert share.replicated_gb == whole.replicated_gb and share.split_gb == whole.split_gb / 2
+  assert share.gram_layer_gb == whole.gram_layer_gb / 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fit_on=results/benchmarks/scale-gptj-6b-4-layers-2-processes.json"],
+     "fitted on a one-process run"),
+    (["--check=results/benchmarks/nothing.json"], "nothing.json: no such file"),
+    (["--check=results/quality_table.json"], "not a benchmarks/scale.py record"),
+    (["--check=README.md"], "not readable JSON"),
+    (["--shapes=opt-1t"], "--shapes: unknown shape 'opt-1t'"),
+    (["--hosts=0"], "--hosts must be a positive whole number"),
+])
+def test_memory_plan_bad_flags_exit_2(args, message):
+  assert_one_error_line(run_benchmark("memory_plan.py", ["--out=/tmp/unused.json"] + args), message)

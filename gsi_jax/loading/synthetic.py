@@ -17,7 +17,7 @@ import time
 from gsi_jax.errors import GSIError
 
 # The published configs (EleutherAI/gpt-j-6b, facebook/opt-6.7b, facebook/opt-66b,
-# openai-community/gpt2-xl).
+# openai-community/gpt2-xl; OPT-175B from Table 1 of the OPT paper, its weights being gated).
 SHAPES = {
     "gptj-6b": ("GPTJConfig", dict(vocab_size=50400, n_positions=2048, n_embd=4096, n_layer=28,
                                    n_head=16, rotary_dim=64)),
@@ -29,6 +29,10 @@ SHAPES = {
                                   num_hidden_layers=64, num_attention_heads=72,
                                   word_embed_proj_dim=9216, max_position_embeddings=2048,
                                   do_layer_norm_before=True)),
+    "opt-175b": ("OPTConfig", dict(vocab_size=50272, hidden_size=12288, ffn_dim=49152,
+                                   num_hidden_layers=96, num_attention_heads=96,
+                                   word_embed_proj_dim=12288, max_position_embeddings=2048,
+                                   do_layer_norm_before=True)),
     "gpt2-1.5b": ("GPT2Config", dict(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48,
                                      n_head=25)),
 }
