@@ -38,6 +38,9 @@ results: $(STAMP)
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
 	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096 --learned
+	$(PY) experiments/pareto.py --k 128,256,384 --eval_tokens 4096 --methods sparsity,residual,rsparse,blocks \
+	  --learned --learned_sparsity 0.4,0.5 --residual_k 16,32,64 --residual_sparsity 0.4,0.5,0.6 \
+	  --rsparse_ranks 8,32 --rsparse_sparsity 0.4,0.5 --learned_residual_k 16 --out results/pareto_beyond.json
 	$(MAKE) notebook
 
 # The coherence notebook, executed from the repository root and stored with its outputs
@@ -50,6 +53,7 @@ notebook: $(STAMP)
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
 benchmarks: $(STAMP)
 	$(PY) benchmarks/linear.py
+	$(PY) benchmarks/sparse_rows.py
 	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
 	$(PY) benchmarks/decode.py --profile --torch=false --out results/benchmarks/decode_profile.json
 	$(PY) benchmarks/calibration.py

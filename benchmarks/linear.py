@@ -14,7 +14,6 @@ Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 
 import logging
 import math
-import time
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
+from gsi_jax.benchmarking import best_ms, last_level_cache_bytes, scan_over_copies
 from gsi_jax.errors import GSIError
 from gsi_jax.metrics.bytes import gated_map_elements
 from gsi_jax.ops import GatedWeights, gated_linear, make_gate
@@ -41,28 +41,6 @@ _OUT = flags.DEFINE_string("out", "results/benchmarks/linear.json", "JSON output
 EPS = 0.1
 
 
-def last_level_cache_bytes() -> int:
-  """The largest CPU cache this machine reports (32 MiB when unknown)."""
-  sizes = []
-  for i in range(8):
-    try:
-      with open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size") as f:
-        value = f.read().strip()
-    except OSError:
-      continue
-    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1], 1)
-    sizes.append(int(value.rstrip("KMG")) * scale)
-  return max(sizes, default=32 * 2**20)
-
-
-def scan_over_copies(step, x_NCD, copies):
-  """Token n*C + c goes through copy c: a scan over groups of C tokens, unrolled over copies
-  (each copy is its own array, so no step slices or copies a weight)."""
-  def body(carry, x_CD):
-    return carry, jnp.stack([step(x_CD[c], *copy) for c, copy in enumerate(copies)])
-  return jax.lax.scan(body, None, x_NCD)[1]
-
-
 @jax.jit
 def dense_scan(x_NCD, Ws):
   return scan_over_copies(lambda x, W: x @ W, x_NCD, [(W,) for W in Ws])
@@ -78,18 +56,6 @@ def gsi_scan(impl):
       return y[0, 0]
     return scan_over_copies(step, x_NCD, triples)
   return run
-
-
-def best_ms(fn, repeats):
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  compile_ms = 1e3 * (time.perf_counter() - t0)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return 1e3 * min(times), compile_ms
 
 
 def tokens(rng, Vs, n, share):

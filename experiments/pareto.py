@@ -8,11 +8,19 @@ Methods: gsi (k × eps), static projection (k), activation-aware weight SVD
 extensions beyond the paper: gsi_out (the output-aware gate
 ‖W r‖ < eps ‖W x‖, k × eps), gsi_ladder (nested ranks: the --ladder ranks
 below k, then k; k × eps), head (the LM head gated at --head_k, dense
-sites; --head_eps), sparsity+head (both; sparsity × head_eps) and larosa
-(sparsity on inputs rotated into their PCA basis, at --larosa_sites).  With
---learned, also sparsity_learned and gsi_learned: per-site thresholds or ε
-learned with optax (`gsi_jax.allocation`) at the uniform allocation's bytes
-on calibration text.  Bytes count every weight each
+sites; --head_eps), sparsity+head (both; sparsity × head_eps), larosa
+(sparsity on inputs rotated into their PCA basis, at --larosa_sites),
+residual (subspace plus sparse residual y = g M + r_S W_S: --residual_k ×
+--residual_sparsity, the residual's target sparsity) and rsparse (R-Sparse:
+kept inputs exact, dropped ones through a rank-r SVD of W: --rsparse_ranks ×
+--rsparse_sparsity) and blocks (whole blocks of --block_size channels, sorted by
+mean |x|, dropped by their norm: the layout whose fast path reads no gathered
+copy, at --block_sparsity).  With --learned, also sparsity_learned, gsi_learned and
+residual_learned: per-site thresholds or ε learned with optax
+(`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text;
+where the learned allocation scores worse than the uniform one on calibration
+text, the uniform one is kept and the record says so (fallback).
+--methods runs a subset of the sweeps.  Bytes count every weight each
 method reads per decoded token, the LM head and embeddings included
 (`gsi_jax.metrics.bytes`).  Every record also decodes at batch 1 through
 its fast path (the batch-1 switch, kept rows only, two thin maps) for
@@ -47,6 +55,15 @@ flags.DEFINE_integer("head_k", 384, "Rank of the gated LM head (0: skip it).")
 flags.DEFINE_list("head_eps", ["0.1", "0.2"], "Gate thresholds of the LM head.")
 flags.DEFINE_list("larosa_sites", ["attn_in", "mlp_in"], "Sites LaRoSA rotates (empty: skip "
                   "it); the rest stay plain magnitude sparsity.")
+flags.DEFINE_list("residual_k", ["16", "32", "64", "128"], "Ranks of the sparse-residual sweep.")
+flags.DEFINE_list("residual_sparsity", ["0.4", "0.5", "0.6", "0.7"],
+                  "Target sparsities of the residual r = x - V_k g, in [0, 1).")
+flags.DEFINE_list("rsparse_ranks", ["8", "32", "64"], "R-Sparse ranks of each map's SVD.")
+flags.DEFINE_list("rsparse_sparsity", ["0.5", "0.6", "0.7"],
+                  "R-Sparse target input sparsities in [0, 1).")
+flags.DEFINE_integer("block_size", 16, "Channels per block of block sparsity.")
+flags.DEFINE_list("block_sparsity", ["0.1", "0.25"], "Target shares of blocks dropped.")
+flags.DEFINE_integer("learned_residual_k", 32, "Rank of the learned sparse residual.")
 flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
                      "timing); each decodes --max_new_tokens from the first prompt.")
 flags.DEFINE_bool("learned", False, "Also learn per-site budgets with optax.")
@@ -57,15 +74,16 @@ flags.DEFINE_list("learned_eps", ["0.5"],
 flags.DEFINE_float("learned_lambda", 100.0, "Penalty on leaving the byte budget while learning "
                    "(KL nats per squared bytes fraction).")
 flags.DEFINE_integer("learned_steps", 24, "Adam steps per learned allocation.")
+flags.DEFINE_list("methods", [], "Sweeps to run (empty: every method).")
 FLAGS = flags.FLAGS
 OUT = "results/pareto.json"
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
 METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
-           "larosa", "sparsity_learned", "gsi_learned")
+           "larosa", "residual", "rsparse", "blocks", "sparsity_learned", "gsi_learned", "residual_learned")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
                 "bytes_fraction", "tokens_per_s"]
-UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi"}
+UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
            "generations_identical", "tokens_per_s", "measured_speedup"]
 
@@ -80,6 +98,14 @@ class ParetoConfig:
   head_k: int
   head_eps: tuple[float, ...]
   larosa_sites: tuple[str, ...]
+  residual_k: tuple[int, ...]
+  residual_sparsity: tuple[float, ...]
+  rsparse_ranks: tuple[int, ...]
+  rsparse_sparsity: tuple[float, ...]
+  block_size: int
+  block_sparsity: tuple[float, ...]
+  learned_residual_k: int
+  methods: tuple[str, ...]
   speed_repeats: int
   learned: bool
   learned_sparsity: tuple[float, ...]
@@ -106,10 +132,34 @@ class ParetoConfig:
     unknown = set(self.larosa_sites) - set(P.SITES)
     if unknown:
       raise GSIError(f"--larosa_sites: unknown sites {sorted(unknown)}; choose from {P.SITES}")
+    if self.block_size < 1:
+      raise GSIError(f"--block_size must be positive, got {self.block_size}")
+    for name in ("residual_sparsity", "rsparse_sparsity", "block_sparsity"):
+      if any(not 0 <= v < 1 for v in getattr(self, name)):
+        raise GSIError(f"--{name} targets must lie in [0, 1), got {list(getattr(self, name))}")
+    for name in ("residual_k", "rsparse_ranks"):
+      if any(r < 1 for r in getattr(self, name)):
+        raise GSIError(f"--{name} must be positive, got {list(getattr(self, name))}")
+    if self.learned_residual_k < 1:
+      raise GSIError(f"--learned_residual_k must be positive, got {self.learned_residual_k}")
+    ranks = self.residual_k + ((self.learned_residual_k,) if self.runs("residual_learned") else ())
+    if self.runs("residual") and max(ranks) > self.base.k_max:
+      raise GSIError(f"--residual_k and --learned_residual_k (up to {max(ranks)}) need bases of "
+                     f"at least that rank; the largest --k is {self.base.k_max}")
+    unknown = set(self.methods) - set(METHODS)
+    if unknown:
+      raise GSIError(f"--methods: unknown {sorted(unknown)}; choose from {', '.join(METHODS)}")
     if self.speed_repeats < 0:
       raise GSIError(f"--speed_repeats must be >= 0, got {self.speed_repeats}")
     allocation.AllocationConfig(budget=1.0, lam=self.learned_lambda,
                                 steps=self.learned_steps)  # checks the flags now
+
+  def runs(self, method: str) -> bool:
+    """Whether this run sweeps `method` (a learned one needs --learned and its uniform one)."""
+    if method in UNIFORM and not (self.learned and self.runs(UNIFORM[method])):
+      return False
+    return not self.methods or method in self.methods or (
+        method in UNIFORM and UNIFORM[method] in self.methods)
 
 
 def config_from_flags() -> ParetoConfig:
@@ -120,7 +170,15 @@ def config_from_flags() -> ParetoConfig:
       output_sketch=FLAGS.output_sketch,
       ladder=tuple(sorted(cli.numbers("ladder", FLAGS.ladder, int))) if FLAGS.ladder else (),
       head_k=FLAGS.head_k, head_eps=cli.numbers("head_eps", FLAGS.head_eps, float),
-      larosa_sites=tuple(FLAGS.larosa_sites), speed_repeats=FLAGS.speed_repeats,
+      larosa_sites=tuple(FLAGS.larosa_sites),
+      residual_k=cli.numbers("residual_k", FLAGS.residual_k, int),
+      residual_sparsity=cli.numbers("residual_sparsity", FLAGS.residual_sparsity, float),
+      rsparse_ranks=cli.numbers("rsparse_ranks", FLAGS.rsparse_ranks, int),
+      rsparse_sparsity=cli.numbers("rsparse_sparsity", FLAGS.rsparse_sparsity, float),
+      block_size=FLAGS.block_size,
+      block_sparsity=cli.numbers("block_sparsity", FLAGS.block_sparsity, float),
+      learned_residual_k=FLAGS.learned_residual_k, methods=tuple(FLAGS.methods),
+      speed_repeats=FLAGS.speed_repeats,
       learned=FLAGS.learned,
       learned_sparsity=cli.numbers("learned_sparsity", FLAGS.learned_sparsity, float),
       learned_eps=cli.numbers("learned_eps", FLAGS.learned_eps, float),
@@ -175,6 +233,10 @@ class Evaluator:
     ids = self.model.encode(self.s.config.prompts[0])[None]
     return decode_tokens_per_s(self.model, params, ids, self.s.config.max_new_tokens,
                                self.c.speed_repeats, gate)
+
+  def calib_nll(self, params, gate, windows: int = 8) -> float:
+    """Mean next-token NLL on the first calibration windows (where budgets are set)."""
+    return float(metrics.score(self.model, params, self.s.calib.ids[:windows], gate)["nll"].mean())
 
   def calib_bytes_fraction(self, params, gate, bytes_of, windows: int = 8) -> float:
     """Bytes per token / dense on the first calibration windows (the learned budgets'
@@ -289,10 +351,11 @@ def sweep_head(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
   records = []
   for head_eps in c.head_eps:
     gate = gsi_jax.make_gate(0.0, head_eps=head_eps, impl=c.base.impl)  # sites stay dense
-    head_only = gsi_jax.apply_gsi_head(ev.model.params, V_head, c.head_k)
-    records.append(ev.record("head", f"head_k={c.head_k},head_eps={head_eps}", head_only, gate,
-                             sparse_bytes(head_only)))
-    for sp, params in sparse.items():
+    if c.runs("head"):
+      head_only = gsi_jax.apply_gsi_head(ev.model.params, V_head, c.head_k)
+      records.append(ev.record("head", f"head_k={c.head_k},head_eps={head_eps}", head_only,
+                               gate, sparse_bytes(head_only)))
+    for sp, params in sparse.items() if c.runs("sparsity+head") else ():
       both = gsi_jax.apply_gsi_head(params, V_head, c.head_k)
       records.append(ev.record("sparsity+head", f"target={sp},head_eps={head_eps}", both, gate,
                                sparse_bytes(both)))
@@ -303,7 +366,10 @@ def sweep_head(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
 def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebuild, gate,
                    bytes_of):
   """Learn `knob` per site from `init`, scale the allocation to the uniform one's bytes
-  on calibration text, and evaluate it hard.  rebuild(values) -> params."""
+  on calibration text, and evaluate it hard.  rebuild(values) -> params.
+
+  Where the learned allocation's calibration NLL is above the uniform one's (the
+  same windows that set the budget), the uniform allocation is kept: fallback."""
   uniform = rebuild(init)
   budget = ev.calib_bytes_fraction(uniform, gate, bytes_of(uniform))
   learned, history = allocation.learn_allocation(
@@ -311,29 +377,90 @@ def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebu
       allocation.AllocationConfig(budget=budget, lam=c.learned_lambda, steps=c.learned_steps))
   matched = allocation.scale_to_budget(
       learned, lambda v: ev.calib_bytes_fraction(rebuild(v), gate, bytes_of(rebuild(v))), budget)
-  final = rebuild(matched)
+  nll_learned, nll_uniform = ev.calib_nll(rebuild(matched), gate), ev.calib_nll(uniform, gate)
+  fallback = nll_learned > nll_uniform
+  if fallback:
+    logging.info("%s %s: learned calibration NLL %.4f > uniform %.4f, kept uniform", method,
+                 target, nll_learned, nll_uniform)
+  chosen = init if fallback else matched
+  final = rebuild(chosen)
   return ev.record(method, target, final, gate, bytes_of(final), shares=True,
-                   allocation=matched, calib_bytes_fraction_uniform=budget,
-                   learning=history)
+                   allocation=chosen, calib_bytes_fraction_uniform=budget, learning=history,
+                   fallback=bool(fallback), calib_nll_learned=nll_learned,
+                   calib_nll_uniform=nll_uniform)
 
 
 def sweep_learned(ev, c: ParetoConfig, thresholds: dict) -> list[dict]:
-  """Learned per-site sparsity levels, then learned per-site ε at the largest k."""
+  """Learned per-site sparsity levels, learned per-site ε at the largest k, and learned
+  per-site residual thresholds at --learned_residual_k."""
   base = ev.model.params
-  records = [learned_record(ev, c, "sparsity_learned", P.THRESHOLD, f"target={sp}", base,
-                            allocation.floored(thresholds[sp]),
-                            lambda v: peers.apply_sparsity(base, v), None, sparse_bytes)
-             for sp in c.learned_sparsity]
+  records = []
+  if c.runs("sparsity_learned"):
+    records += [learned_record(ev, c, "sparsity_learned", P.THRESHOLD, f"target={sp}", base,
+                               allocation.floored(thresholds[sp]),
+                               lambda v: peers.apply_sparsity(base, v), None, sparse_bytes)
+                for sp in c.learned_sparsity]
+    release_executables()
+  if c.runs("gsi_learned"):
+    k = max(c.base.k)
+    gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
+    rebuild = lambda v: P.with_site_values(gsi_params, P.EPS, v)
+    gate = gsi_jax.make_gate(0.0, impl=c.base.impl)  # every site's own ε overrides it
+    for eps in c.learned_eps:
+      init = P.per_site(base, eps)
+      records.append(learned_record(ev, c, "gsi_learned", P.EPS, f"k={k},eps={eps}", gsi_params,
+                                    init, rebuild, gate, gated_bytes))
+    release_executables()
+  if c.runs("residual_learned"):
+    k = c.learned_residual_k
+    gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
+    rebuild = lambda v: gsi_jax.apply_residual_sparsity(gsi_params, v)
+    for sp, t in uniform_thresholds(ev, gsi_params, c.learned_sparsity).items():
+      records.append(learned_record(ev, c, "residual_learned", P.RESIDUAL_THRESHOLD,
+                                    f"k={k},target={sp}", gsi_params, allocation.floored(t),
+                                    rebuild, None, sparse_bytes))
+    release_executables()
+  return records
+
+
+def sweep_residual(ev, c: ParetoConfig) -> list[dict]:
+  """The subspace plus sparse residual: per k, the residual's thresholds for each target."""
+  records = []
+  for k in c.residual_k:
+    gsi_params = gsi_jax.apply_gsi(ev.model.params, ev.s.bases, k)
+    for sp, t in uniform_thresholds(ev, gsi_params, c.residual_sparsity).items():
+      params = gsi_jax.apply_residual_sparsity(gsi_params, t)
+      records.append(ev.record("residual", f"k={k},target={sp}", params, None,
+                               sparse_bytes(params), shares=c.runs("residual_learned") and
+                               k == c.learned_residual_k and sp in c.learned_sparsity))
+    release_executables()
+  return records
+
+
+def sweep_blocks(ev, c: ParetoConfig) -> list[dict]:
+  """Block sparsity: channels by mean |x|, blocks dropped by ‖x_b‖, each block its own buffer."""
+  orders = peers.magnitude_orders(ev.model, ev.model.params, ev.s.calib.ids)
+  layout = peers.block_layout(ev.model.params, orders, c.block_size)
+  records = []
+  for sp, t in uniform_thresholds(ev, layout, c.block_sparsity).items():
+    params = peers.apply_block_sparsity(layout, t)
+    records.append(ev.record("blocks", f"block={c.block_size},target={sp}", params, None,
+                             sparse_bytes(params)))
   release_executables()
-  k = max(c.base.k)
-  gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
-  rebuild = lambda v: P.with_site_values(gsi_params, P.EPS, v)
-  gate = gsi_jax.make_gate(0.0, impl=c.base.impl)  # every site's own ε overrides it
-  for eps in c.learned_eps:
-    init = {layer: {site: eps for site in sites} for layer, sites in P.site_kernels(base).items()}
-    records.append(learned_record(ev, c, "gsi_learned", P.EPS, f"k={k},eps={eps}", gsi_params,
-                                  init, rebuild, gate, gated_bytes))
-  release_executables()
+  return records
+
+
+def sweep_rsparse(ev, c: ParetoConfig) -> list[dict]:
+  """R-Sparse: magnitude thresholds on x, the dropped inputs through a rank-r SVD of W."""
+  records = []
+  thresholds = uniform_thresholds(ev, ev.model.params, c.rsparse_sparsity)
+  for rank in c.rsparse_ranks:
+    factored = peers.weight_factors(ev.model.params, rank)
+    for sp, t in thresholds.items():
+      params = peers.apply_sparsity(factored, t)
+      records.append(ev.record("rsparse", f"rank={rank},target={sp}", params, None,
+                               sparse_bytes(params)))
+    release_executables()
   return records
 
 
@@ -360,22 +487,35 @@ def pareto(c: ParetoConfig):
   s = experiment.prepare(c.base)
   ev = Evaluator(s, c)
   base = s.model.params
-  records = sweep_gsi(ev, c, "gsi", lambda k: gsi_jax.apply_gsi(base, s.bases, k))
-  if c.output_sketch:
+  records = []
+  if c.runs("gsi"):
+    records += sweep_gsi(ev, c, "gsi", lambda k: gsi_jax.apply_gsi(base, s.bases, k))
+  if c.output_sketch and c.runs("gsi_out"):
     records += sweep_gsi(ev, c, "gsi_out",
                          lambda k: gsi_jax.apply_gsi(base, s.bases, k, c.output_sketch))
-  if c.ladder:
+  if c.ladder and c.runs("gsi_ladder"):
     records += sweep_gsi(ev, c, "gsi_ladder", lambda k: gsi_jax.apply_gsi(
         base, s.bases, k, ladder=[r for r in c.ladder if r < k]) if c.ladder[0] < k else None)
-  grams = calibration.gram_matrices(ev.model, base, s.calib.ids, progress=False)
-  records += sweep_static(ev, c) + sweep_svd(ev, c, grams)
+  if c.runs("static"):
+    records += sweep_static(ev, c)
+  if c.runs("svd") or (c.larosa_sites and c.runs("larosa")):
+    grams = calibration.gram_matrices(ev.model, base, s.calib.ids, progress=False)
+  if c.runs("svd"):
+    records += sweep_svd(ev, c, grams)
   thresholds = uniform_thresholds(ev, base, sorted(set(c.sparsity + c.learned_sparsity)))
   sparse = {sp: peers.apply_sparsity(base, thresholds[sp]) for sp in c.sparsity}
-  records += sweep_sparsity(ev, c, sparse)
-  if c.head_k:
+  if c.runs("sparsity"):
+    records += sweep_sparsity(ev, c, sparse)
+  if c.head_k and (c.runs("head") or c.runs("sparsity+head")):
     records += sweep_head(ev, c, sparse)
-  if c.larosa_sites:
+  if c.larosa_sites and c.runs("larosa"):
     records += sweep_larosa(ev, c, grams)
+  if c.runs("residual"):
+    records += sweep_residual(ev, c)
+  if c.runs("rsparse"):
+    records += sweep_rsparse(ev, c)
+  if c.runs("blocks"):
+    records += sweep_blocks(ev, c)
   if c.learned:
     records += sweep_learned(ev, c, thresholds)
   matched_uniform(records)
@@ -395,7 +535,7 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh<>*"))
+  markers = dict(zip(METHODS, "oDPs^vXh<>*dp8H"))
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in METHODS:
@@ -404,7 +544,8 @@ def plot(records, out):
     if not mine:
       continue
     # Swept over two knobs (k × eps): points, not a line.
-    ls = "none" if method.startswith("gsi") or method == "sparsity+head" else "-"
+    ls = "none" if method.startswith("gsi") or method in ("sparsity+head", "residual", "rsparse") \
+        else "-"
     for ax, (x, y) in zip(axes, panels):
       pts = [(r[x], r[y]) for r in mine if x in r]
       if pts:
@@ -427,9 +568,9 @@ def plot_allocation(records, out):
     return
   fig, axes = plt.subplots(1, len(learned), figsize=(4.2 * len(learned), 3.6), squeeze=False)
   for ax, r in zip(axes[0], learned):
-    key = "kept_share_by_layer" if r["method"] == "sparsity_learned" else "fast_share_by_layer"
+    key = "fast_share_by_layer" if r["method"] == "gsi_learned" else "kept_share_by_layer"
     uniform = next((u for u in records if u["method"] == UNIFORM[r["method"]]
-                    and u["knob"] == r["knob"].split(",")[-1] and key in u), None)
+                    and u["knob"] in (r["knob"], r["knob"].split(",")[-1]) and key in u), None)
     layers = P.layers(r[key])
     for i, site in enumerate(P.SITES):
       if site not in r[key][layers[0]]:

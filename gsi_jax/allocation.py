@@ -9,8 +9,8 @@ is minimised over the per-site knobs (in log space) with Adam, on calibration
 windows: the penalty holds the byte budget while KL moves bytes between sites.
 Gate mode "soft" runs the hard gate (or threshold) forward and a smooth one's
 gradient backward, so the KL is the hard model's.  The learned values are
-written into the tree as hard knobs (`P.EPS` or `P.THRESHOLD` per site) and
-evaluated like any other method.  Expected bytes come from
+written into the tree as hard knobs per site (`P.EPS`, `P.THRESHOLD` or
+`P.RESIDUAL_THRESHOLD`) and evaluated like any other method.  Expected bytes come from
 `gsi_jax.metrics.bytes`, the one byte formula, fed the gates' mean shares.
 """
 
@@ -32,7 +32,8 @@ from gsi_jax.models import params as P
 from gsi_jax.models.model import _forward
 from gsi_jax.ops import make_gate
 
-KNOBS = (P.EPS, P.THRESHOLD)  # GSI's gate threshold, magnitude sparsity's input threshold
+# GSI's gate threshold, magnitude sparsity's input threshold, the sparse residual's threshold.
+KNOBS = (P.EPS, P.THRESHOLD, P.RESIDUAL_THRESHOLD)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,8 +97,8 @@ def learn_allocation(model, params, knob: str, init: dict, windows_NT: np.ndarra
   """Learned {layer: {site: value}} for `knob`, starting from `init`, and the history
   of (step, loss, KL, expected bytes fraction).
 
-  params must already carry what the knob gates: V_k and M for P.EPS, and for
-  P.THRESHOLD nothing more (the thresholds are added here)."""
+  params must already carry what the knob gates: V_k and M for P.EPS and
+  P.RESIDUAL_THRESHOLD, and for P.THRESHOLD nothing more (the values are added here)."""
   if knob not in KNOBS:
     raise GSIError(f"allocation knob {knob!r} is not one of {KNOBS}")
   if any(not v > 0 for sites in init.values() for v in sites.values()):

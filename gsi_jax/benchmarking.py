@@ -1,6 +1,6 @@
 """How every benchmark measures: best-of-n wall time, greedy decode tokens/s with
-compile time apart, where a decode's time goes, and peak resident memory of one
-phase of work."""
+compile time apart, cache-cold scans over distinct weight copies, where a decode's
+time goes, and peak resident memory of one phase of work."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 
 from gsi_jax.errors import GSIError
 
@@ -36,6 +37,40 @@ def decode_tokens_per_s(model, params, ids, n: int, repeats: int, gate=None):
   run()
   compile_s = time.perf_counter() - t0
   return n / best_time(run, repeats), compile_s
+
+
+def last_level_cache_bytes() -> int:
+  """The largest CPU cache this machine reports (32 MiB when unknown)."""
+  sizes = []
+  for i in range(8):
+    try:
+      with open(f"/sys/devices/system/cpu/cpu0/cache/index{i}/size") as f:
+        value = f.read().strip()
+    except OSError:
+      continue
+    scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(value[-1], 1)
+    sizes.append(int(value.rstrip("KMG")) * scale)
+  return max(sizes, default=32 * 2**20)
+
+
+def scan_over_copies(step, x_NCD, copies):
+  """Token n*C + c goes through copy c: a scan over groups of C tokens, unrolled over copies
+  (each copy is its own array, so no step slices or copies a weight)."""
+  def body(carry, x_CD):
+    return carry, jnp.stack([step(x_CD[c], *copy) for c, copy in enumerate(copies)])
+  return jax.lax.scan(body, None, x_NCD)[1]
+
+
+def best_ms(fn, repeats):
+  t0 = time.perf_counter()
+  jax.block_until_ready(fn())
+  compile_ms = 1e3 * (time.perf_counter() - t0)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return 1e3 * min(times), compile_ms
 
 
 def peak_rss_mb() -> float:

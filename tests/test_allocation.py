@@ -19,9 +19,6 @@ def llama(tiny_folder):
   return model, gsi_jax.apply_gsi(model.params, bases, 24)
 
 
-def per_site(params, value):
-  return {layer: {site: value for site in sites} for layer, sites in P.site_kernels(params).items()}
-
 
 def test_soft_mode_computes_the_hard_model(llama):
   """Straight-through: the forward pass of the soft gate is the hard one."""
@@ -30,14 +27,14 @@ def test_soft_mode_computes_the_hard_model(llama):
   sparse = peers.apply_sparsity(model.params, thresholds)
   np.testing.assert_allclose(np.asarray(model.logits(sparse, CALIB[:2], make_gate(0.0, "soft"))),
                              np.asarray(model.logits(sparse, CALIB[:2])), atol=1e-5)
-  eps = P.with_site_values(gsi, P.EPS, per_site(gsi, 0.4))
+  eps = P.with_site_values(gsi, P.EPS, P.per_site(gsi, 0.4))
   np.testing.assert_allclose(np.asarray(model.logits(eps, CALIB[:2], make_gate(0.0, "soft"))),
                              np.asarray(model.logits(gsi, CALIB[:2], make_gate(0.4))), atol=1e-5)
 
 
 def test_site_eps_overrides_the_gate(llama):
   model, gsi = llama
-  values = per_site(gsi, 0.0)
+  values = P.per_site(gsi, 0.0)
   values["layer_0"]["mlp_out"] = 10.0  # one site always fast, the rest never
   _, state = model.forward(P.with_site_values(gsi, P.EPS, values), CALIB[:2], make_gate(0.5))
   fast = {(layer, site): float(np.mean(v["fast"][0]))
@@ -53,7 +50,7 @@ def test_learning_moves_every_knob_and_keeps_the_budget_term(llama, knob):
     params, init = model.params, allocation.floored(
         peers.sparsity_thresholds(model, model.params, CALIB, 0.5))
   else:
-    params, init = gsi, per_site(gsi, 0.4)
+    params, init = gsi, P.per_site(gsi, 0.4)
   config = allocation.AllocationConfig(budget=0.5, steps=3, batch_windows=2, seq_len=16)
   learned, history = allocation.learn_allocation(model, params, knob, init, CALIB, config,
                                                  progress=False)
@@ -80,7 +77,7 @@ def test_bad_allocation_input(llama):
     allocation.AllocationConfig(budget=0.5, steps=0)
   config = allocation.AllocationConfig(budget=0.5, steps=1)
   with pytest.raises(GSIError, match="knob 'rank' is not one of"):
-    allocation.learn_allocation(model, gsi, "rank", per_site(gsi, 0.4), CALIB, config)
+    allocation.learn_allocation(model, gsi, "rank", P.per_site(gsi, 0.4), CALIB, config)
   with pytest.raises(GSIError, match="positive knob values only"):
-    allocation.learn_allocation(model, gsi, P.EPS, per_site(gsi, 0.0), CALIB, config)
+    allocation.learn_allocation(model, gsi, P.EPS, P.per_site(gsi, 0.0), CALIB, config)
   assert allocation.floored({"a": {"b": 0.0}}) == {"a": {"b": 1e-6}}

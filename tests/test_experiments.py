@@ -17,7 +17,9 @@ SCRIPTS = ["quality_table", "speedup_table", "generation_fidelity", "negative_co
 EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--output_sketch=4",
                     "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
                     "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
-                    "--speed_repeats=1"]}
+                    "--residual_k=2,4", "--residual_sparsity=0.3", "--rsparse_ranks=2",
+                    "--rsparse_sparsity=0.3", "--block_size=8", "--block_sparsity=0.3",
+                    "--learned_residual_k=4", "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
@@ -128,12 +130,14 @@ def check_pareto(records):
     assert r["tokens_per_s"] > 0 and r["measured_speedup"] > 0
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
-    if r["method"] in ("sparsity_learned", "gsi_learned"):
+    if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned"):
       sites = {(layer, site) for layer, s in r["allocation"].items() for site in s}
-      assert sites == {(layer, site) for layer, s in r["kept_share_by_layer" if r["method"]
-                       == "sparsity_learned" else "fast_share_by_layer"].items() for site in s}
+      assert sites == {(layer, site) for layer, s in r["fast_share_by_layer" if r["method"]
+                       == "gsi_learned" else "kept_share_by_layer"].items() for site in s}
       assert all(v > 0 for s in r["allocation"].values() for v in s.values())
       assert len(r["learning"]) == 2 and "uniform_ppl_ratio_at_bytes" in r
+      assert r["fallback"] == (r["calib_nll_learned"] > r["calib_nll_uniform"])
+
 
 
 # Pareto's sweep is family-agnostic and takes ~4 minutes a family: one family runs it.

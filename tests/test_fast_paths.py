@@ -5,6 +5,7 @@ maps); the evaluation paths compute the same function by masking.  Both must
 give the same greedy tokens.
 """
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,8 +15,8 @@ from gsi_jax import make_gate, metrics, peers
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
-from gsi_jax.ops import kept_rows_matmul
-from gsi_jax.ops.sparse_rows import bucket_sizes
+from gsi_jax.ops import cpu_kernels, kept_blocks_matmul, kept_rows_matmul
+from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
 
 RNG = np.random.default_rng(1)
 CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
@@ -34,15 +35,54 @@ def generate(model, params, gate=None):
   return np.asarray(model.generate(params, PROMPT, NEW, gate, stop_at_eos=False))
 
 
+@pytest.mark.parametrize("impl", [kept_rows_matmul, kept_rows_matmul_xla])
 @pytest.mark.parametrize("kept", [0, 1, 7, 8, 9, 31, 48])
-def test_kept_rows_matmul_is_the_masked_product(kept):
+def test_kept_rows_matmul_is_the_masked_product(kept, impl):
   d = 48
   x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
   keep = jnp.zeros(d, bool).at[RNG.permutation(d)[:kept]].set(True)
-  Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in (5, 17)]
-  for y, W in zip(kept_rows_matmul(x, keep, Ws), Ws):
+  Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in (5, 17, 1100)]
+  for y, W in zip(jax.jit(impl)(x, keep, Ws), Ws):
     np.testing.assert_allclose(np.asarray(y), np.asarray(jnp.where(keep, x, 0) @ W),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_the_cpu_kernel_is_built_and_reads_in_place():
+  """This machine (and CI) has a C++ compiler, so the kernel is what sparse decode runs."""
+  assert cpu_kernels.available()
+  d, o = 64, 1536
+  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
+  keep = jnp.asarray(RNG.random(d) < 0.4)
+  W = jnp.asarray(RNG.standard_normal((d, o)), jnp.float32)
+  program = jax.jit(lambda x, k, W: kept_rows_matmul(x, k, [W])[0]).lower(x, keep, W).as_text()
+  assert cpu_kernels.TARGET in program and "gather" not in program
+  np.testing.assert_allclose(np.asarray(cpu_kernels.kept_rows(x, keep, W)),
+                             np.asarray(jnp.where(keep, x, 0) @ W), atol=1e-4, rtol=1e-5)
+
+
+def test_without_a_compiler_the_xla_path_is_taken(monkeypatch, tmp_path, caplog):
+  monkeypatch.setattr(cpu_kernels, "_state", {})
+  monkeypatch.setenv("GSI_JAX_CACHE", str(tmp_path))
+  monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+  assert not cpu_kernels.available()
+  assert "could not be built" in caplog.text
+  x, keep = jnp.ones(8, jnp.float32), jnp.arange(8) % 2 == 0
+  W = jnp.asarray(RNG.standard_normal((8, 3)), jnp.float32)
+  program = jax.jit(lambda x, k, W: kept_rows_matmul(x, k, [W])[0]).lower(x, keep, W).as_text()
+  assert cpu_kernels.TARGET not in program
+  np.testing.assert_allclose(np.asarray(kept_rows_matmul(x, keep, [W])[0]),
+                             np.asarray(jnp.where(keep, x, 0) @ W), atol=1e-5)
+
+
+def test_kept_blocks_matmul_is_the_block_masked_product():
+  d, block = 48, 8
+  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
+  keep = jnp.asarray(RNG.random(d // block) < 0.5)
+  W = jnp.asarray(RNG.standard_normal((d, 7)), jnp.float32)
+  blocks = [[W[b * block:(b + 1) * block] for b in range(d // block)]]
+  (y,) = jax.jit(kept_blocks_matmul)(x, keep, blocks)
+  np.testing.assert_allclose(np.asarray(y), np.asarray((x * jnp.repeat(keep, block)) @ W),
+                             atol=1e-5, rtol=1e-5)
 
 
 def test_bucket_sizes_cover_every_count():
@@ -124,3 +164,80 @@ def test_gsi_and_head_switch_decode_the_same_tokens(llama):
   np.testing.assert_array_equal(
       generate(model, head, make_gate(0.0, batch1_switch=True, **gate)),
       generate(model, head, make_gate(0.0, **gate)))
+
+
+@pytest.fixture(scope="module")
+def llama_gsi(llama):
+  model, _ = llama
+  bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=24, seq_len=16, progress=False)
+  return model, gsi_jax.apply_gsi(model.params, bases, 12)
+
+
+
+def test_residual_sparsity_spans_dense_and_static_gsi(llama_gsi):
+  """All residual kept is dense; none kept is static GSI (y = g M)."""
+  model, params = llama_gsi
+  dense = model.logits(model.params, CALIB[:2])
+  everything = gsi_jax.apply_residual_sparsity(params, P.per_site(params, 0.0))
+  np.testing.assert_allclose(np.asarray(model.logits(everything, CALIB[:2])), np.asarray(dense),
+                             atol=1e-4, rtol=1e-4)
+  nothing = gsi_jax.apply_residual_sparsity(params, P.per_site(params, np.inf))
+  static = model.logits(params, CALIB[:2], make_gate(0.0, "static"))
+  np.testing.assert_allclose(np.asarray(model.logits(nothing, CALIB[:2])), np.asarray(static),
+                             atol=1e-5, rtol=1e-5)
+  with pytest.raises(gsi_jax.GSIError, match="has no V_k"):
+    gsi_jax.apply_residual_sparsity(model.params, P.per_site(params, 0.0))
+
+
+def test_residual_sparsity_fast_path_and_bytes(llama_gsi):
+  model, params = llama_gsi
+  for target in (0.3, 0.8):
+    t = peers.sparsity_thresholds(model, params, CALIB, target)
+    sparse = gsi_jax.apply_residual_sparsity(params, t)
+    np.testing.assert_array_equal(generate(model, sparse, make_gate(0.0, batch1_switch=True)),
+                                  generate(model, sparse))
+    scores = metrics.score(model, sparse, CALIB)
+    kept = scores["kept_share_by_layer"]
+    assert abs(kept["layer_0"]["mlp_in"] - (1 - target)) < 0.05  # thresholds set on r
+    expected = sum(d * 12 + 12 * o + kept[layer][site] * d * o
+                   for layer, site, d, o in P.site_shapes(sparse))
+    outside = mbytes.other_elements(sparse) + mbytes.head_elements(sparse)
+    assert mbytes.sparsity_bytes(sparse, kept, None) == pytest.approx((expected + outside) * 4)
+
+
+def test_rsparse_spans_dense_and_low_rank_and_fast_path_agrees(llama):
+  model, _ = llama
+  dense = np.asarray(model.logits(model.params, CALIB[:2]))
+  full = peers.weight_factors(model.params, 10 ** 6)  # every singular value: A B = W
+  everything = peers.apply_sparsity(full, P.per_site(full, np.inf))  # all inputs through A B
+  np.testing.assert_allclose(np.asarray(model.logits(everything, CALIB[:2])), dense, atol=1e-4)
+  low = peers.weight_factors(model.params, 4)
+  kept_all = peers.apply_sparsity(low, P.per_site(low, 0.0))  # all inputs exact
+  np.testing.assert_allclose(np.asarray(model.logits(kept_all, CALIB[:2])), dense, atol=1e-5)
+  params = peers.apply_sparsity(low, peers.sparsity_thresholds(model, low, CALIB, 0.6))
+  np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
+                                generate(model, params))
+  scores = metrics.score(model, params, CALIB)
+  kept = scores["kept_share_by_layer"]
+  expected = sum(kept[layer][site] * d * o + sum(4 * (d + W.shape[1]) for W in
+                                                 params[layer][site][P.KERNEL].values())
+                 for layer, site, d, o in P.site_shapes(params))
+  outside = mbytes.other_elements(params) + mbytes.head_elements(params)
+  assert mbytes.sparsity_bytes(params, kept, None) == pytest.approx((expected + outside) * 4)
+  with pytest.raises(gsi_jax.GSIError, match="rank must be positive"):
+    peers.weight_factors(model.params, 0)
+
+
+def test_block_sparsity_fast_path_and_layout(llama):
+  model, _ = llama
+  orders = peers.magnitude_orders(model, model.params, CALIB)
+  layout = peers.block_layout(model.params, orders, 8)
+  np.testing.assert_allclose(np.asarray(model.logits(layout, CALIB[:2])),
+                             np.asarray(model.logits(model.params, CALIB[:2])), atol=1e-6)
+  params = peers.apply_block_sparsity(layout, peers.sparsity_thresholds(model, layout, CALIB, 0.5))
+  scores = metrics.score(model, params, CALIB)
+  assert abs(scores["kept_share_by_layer"]["layer_0"]["mlp_in"] - 0.5) < 0.1  # share of blocks
+  np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
+                                generate(model, params))
+  with pytest.raises(gsi_jax.GSIError, match="does not divide"):
+    peers.block_layout(model.params, orders, 7)

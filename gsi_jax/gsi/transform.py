@@ -87,6 +87,17 @@ def apply_gsi(params, bases: Bases, k: int, output_sketch: int = 0, seed: int = 
   return out
 
 
+def apply_residual_sparsity(gsi_params, thresholds: dict):
+  """New params whose GSI sites compute y = g M + r_S W_S (`gsi_jax.ops.residual`):
+  {layer: {site: t}} keeps the residual's entries with |r_i| ≥ t, and no gate runs.
+  `gsi_jax.peers.sparsity_thresholds` on the GSI tree calibrates t for a target share."""
+  for layer, sites in thresholds.items():
+    for site in sites:
+      if not P.has_gsi(gsi_params[layer][site]):
+        raise GSIError(f"{layer}/{site} has no V_k: apply_gsi first")
+  return P.with_site_values(gsi_params, P.RESIDUAL_THRESHOLD, thresholds)
+
+
 def gsi_shapes(params, k: int, head_k: int = 0):
   """The tree `apply_gsi` (and with head_k > 0 `apply_gsi_head`) returns, as shapes only.
 

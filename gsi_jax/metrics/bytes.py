@@ -47,7 +47,7 @@ def other_elements(params) -> int:
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     keys = [p.key for p in path]
     in_site = keys[0] in sites and keys[1] in sites[keys[0]]
-    if keys[0] == P.LM_HEAD or (in_site and keys[2] not in (P.BIAS, P.THRESHOLD)):
+    if keys[0] == P.LM_HEAD or (in_site and keys[2] not in P.SITE_KNOBS):
       continue  # the head, kernels, bases, M: counted on their own
     other += leaf.shape[1] if keys[-1] == P.EMBEDDING else leaf.size
   return other
@@ -80,11 +80,27 @@ def itemsize(params) -> int:
   return jax.tree.leaves(P.site_kernels(params))[0].dtype.itemsize
 
 
+def kept_site_elements(node, d: int, out: int, kept: float) -> float:
+  """One site whose bytes follow the share of its inputs kept: magnitude sparsity's
+  kept rows (block sparsity's: the kept blocks' rows), plus a rotated site's basis
+  (LaRoSA reads Q (d, d)), plus R-Sparse's factors (its dropped inputs go through
+  them), or the subspace plus sparse residual's V_k and M with the kept residual's rows."""
+  if P.RESIDUAL_THRESHOLD in node:
+    k = node[P.V].shape[1]
+    return gated_map_elements(d, out, k, k, 1.0) + sparse_map_elements(d, out, kept)
+  elements = sparse_map_elements(d, out, kept)
+  if P.ROTATION in node:
+    elements += d * d
+  if P.THRESHOLD in node and P.FACTOR_IN in node:
+    elements += sum(x.size for key in (P.FACTOR_IN, P.FACTOR_OUT) for x in node[key].values())
+  return elements
+
+
 def sparsity_bytes(params, kept_share_by_layer: dict, head_fast_share: float | None) -> float:
-  """Magnitude sparsity: kept inputs' rows of every site, one threshold per site, a
-  rotated site's basis, and the head as it ran (dense, or gated)."""
-  lin = sum(sparse_map_elements(d, o, kept_share_by_layer.get(layer, {}).get(site, 1.0))
-            + (d * d if P.ROTATION in params[layer][site] else 0)  # LaRoSA reads Q (d, d)
+  """Every site as `kept_site_elements` counts it at its kept share (1 where it has none:
+  a dense site), one threshold per site, and the head as it ran (dense, or gated)."""
+  lin = sum(kept_site_elements(params[layer][site], d, o,
+                               kept_share_by_layer.get(layer, {}).get(site, 1.0))
             for layer, site, d, o in P.site_shapes(params))
   return (lin + other_elements(params) + head_elements(params, head_fast_share)) \
       * itemsize(params)

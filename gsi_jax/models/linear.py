@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.models import params as P
-from gsi_jax.ops import (Gate, GatedWeights, gated_linear, kept_rows_matmul, soft_keep,
-                         straight_through)
+from gsi_jax.ops import (Gate, GatedWeights, block_scores, gated_linear, kept_blocks_matmul,
+                         kept_rows_matmul, residual_sparse_linear, soft_keep, straight_through)
 
 
 def add_bias(y_BTO: jax.Array, b_O: jax.Array) -> jax.Array:
@@ -38,8 +38,12 @@ class LinearSite(nn.Module):
 
   Peers rewrite the same site: a threshold sparsifies the input (at batch 1
   under gate.batch1_switch, only the kept rows of each W are read), a rotation
-  first turns the input into the PCA basis (LaRoSA), and factors replace a
-  map by two thin ones (weight SVD).
+  first turns the input into the PCA basis (LaRoSA), factors replace a map by
+  two thin ones (weight SVD), and a threshold with factors sends the dropped
+  inputs through them (R-Sparse), and a block threshold drops whole blocks of
+  permuted channels (at batch 1, `kept_blocks_matmul` skips their rows).  A
+  residual threshold beside V_k and M is the subspace plus sparse residual
+  (`gsi_jax.ops.residual`).
   """
   outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias)
   dtype: Any = jnp.float32
@@ -47,19 +51,48 @@ class LinearSite(nn.Module):
   def _get(self, key):
     return self.get_variable("params", key) if self.has_variable("params", key) else None
 
-  def _sparse(self, x_BTD, threshold, Ws, gate: Gate | None):
-    """Magnitude sparsity: the inputs below the threshold are dropped."""
+  def _sparse(self, x_BTD, threshold, Ws, gate: Gate | None, factors=None):
+    """Magnitude sparsity: the inputs below the threshold are dropped, or with
+    factors [(A, B)] per map (R-Sparse) they go through the low-rank x A B instead."""
     keep_BTD = jnp.abs(x_BTD) >= threshold
     if gate is not None and gate.mode == "soft":
       keep_BTD = straight_through(keep_BTD, soft_keep(x_BTD, threshold))
       self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1))
-      return [(x_BTD * keep_BTD.astype(x_BTD.dtype)) @ W for W in Ws]
-    self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
-    if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
-      ys = kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)
+      kept_BTD, dropped_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype), \
+          x_BTD * (1 - keep_BTD).astype(x_BTD.dtype)
+      ys = [kept_BTD @ W for W in Ws]
+    else:
+      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
+      dropped_BTD = jnp.where(keep_BTD, 0, x_BTD)
+      if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+        ys = [y.reshape(1, 1, -1)
+              for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
+      else:
+        ys = [jnp.where(keep_BTD, x_BTD, 0) @ W for W in Ws]
+    if factors is None:
+      return ys
+    return [y + (dropped_BTD @ A) @ B for y, (A, B) in zip(ys, factors)]
+
+  def _blocks(self, x_BTD, threshold, names, kernel, gate: Gate | None):
+    """Block sparsity: x's channels in block order, a block kept when ‖x_b‖ ≥ t."""
+    order, row_blocks = self._get(P.BLOCK_ORDER), self._get(P.ROW_BLOCKS)
+    ids = sorted(row_blocks[names[0]])
+    block = x_BTD.shape[-1] // len(ids)
+    ordered_BTD = jnp.take(x_BTD, order, axis=-1)
+    scores_BTN = block_scores(ordered_BTD, block)
+    keep_BTN = scores_BTN >= threshold
+    if gate is not None and gate.mode == "soft":
+      keep_BTN = straight_through(keep_BTN, soft_keep(scores_BTN, threshold))
+    self.sow("sparsity_stats", "kept", jnp.mean(keep_BTN, -1, dtype=jnp.float32))
+    if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1) \
+        and gate.mode != "soft":
+      ys = kept_blocks_matmul(ordered_BTD.reshape(-1), keep_BTN.reshape(-1),
+                              [[row_blocks[n][i] for i in ids] for n in names])
       return [y.reshape(1, 1, -1) for y in ys]
-    x_BTD = jnp.where(keep_BTD, x_BTD, 0)
-    return [x_BTD @ W for W in Ws]
+    # The mask back in the kernel's channel order, so W is read where it lies.
+    keep_BTD = jnp.repeat(keep_BTN.astype(x_BTD.dtype), block, -1)
+    keep_BTD = jnp.zeros_like(keep_BTD).at[..., order].set(keep_BTD)
+    return [(x_BTD * keep_BTD) @ kernel[n] for n in names]
 
   @nn.compact
   def __call__(self, x_BTD: jax.Array, gate: Gate | None) -> dict[str, jax.Array]:
@@ -72,10 +105,20 @@ class LinearSite(nn.Module):
     names = sorted(kernel)  # M/{map} and the factors are keyed alike
     if (rotation := self._get(P.ROTATION)) is not None:
       x_BTD = x_BTD @ rotation
-    threshold = self._get(P.THRESHOLD)
-    gated = gate is not None and gate.mode != "dense" and self.has_variable("params", P.V)
-    if threshold is not None and not gated:
-      ys = self._sparse(x_BTD, threshold, [kernel[n] for n in names], gate)
+    threshold, residual = self._get(P.THRESHOLD), self._get(P.RESIDUAL_THRESHOLD)
+    has_basis = (gate is None or gate.mode != "dense") and self.has_variable("params", P.V)
+    gated = has_basis and gate is not None
+    if residual is not None and has_basis:
+      M = self._get(P.M)
+      ys, keep_BTD = residual_sparse_linear(x_BTD, self._get(P.V), [M[n] for n in names],
+                                            [kernel[n] for n in names], residual, gate)
+      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
+    elif (block_threshold := self._get(P.BLOCK_THRESHOLD)) is not None and not gated:
+      ys = self._blocks(x_BTD, block_threshold, names, kernel, gate)
+    elif threshold is not None and not gated:
+      factor_in, factor_out = self._get(P.FACTOR_IN), self._get(P.FACTOR_OUT)
+      factors = None if factor_in is None else [(factor_in[n], factor_out[n]) for n in names]
+      ys = self._sparse(x_BTD, threshold, [kernel[n] for n in names], gate, factors)
     elif not gated:
       factor_in, factor_out = self._get(P.FACTOR_IN) or {}, self._get(P.FACTOR_OUT) or {}
       ys = [(x_BTD @ factor_in[n]) @ factor_out[n] if n in factor_in else x_BTD @ kernel[n]

@@ -8,10 +8,14 @@ Sites: attn_in (q, k, v; GPT-J's fc_in too), attn_out (o), mlp_in (fc_in, or
 gate and up), mlp_out (fc_out or down).  GSI adds to a site (or to the LM head)
   V: the basis V_k (d, k);  M/{map}: V_kᵀ W (k, O);
 and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
-ranks),  eps (a site's own gate threshold, learned: `gsi_jax.allocation`).
+ranks),  eps (a site's own gate threshold, learned: `gsi_jax.allocation`),
+residual_threshold (subspace plus sparse residual: y = g M + r_S W_S, no gate).
 Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
 site's input is rotated into its PCA basis, and its kernels are Qᵀ W), and
-factor_in/{map} (d, r), factor_out/{map} (r, O) (weight SVD as two thin maps).
+factor_in/{map} (d, r), factor_out/{map} (r, O) (weight SVD as two thin maps; with a
+threshold, R-Sparse's low-rank path for the dropped inputs), and block sparsity's
+block_order (d,) int32 (the channel order), row_blocks/{map}/{i} (block, O) (W's rows in
+that order, one buffer per block) and block_threshold (on each block's ‖x_b‖).
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ KERNEL, BIAS = "kernel", "bias"
 V, M = "V", "M"
 SKETCH, SKETCH_M, LADDER = "sketch", "sketch_M", "ladder"
 EPS = "eps"
+RESIDUAL_THRESHOLD = "residual_threshold"
 THRESHOLD, ROTATION = "threshold", "rotation"
+BLOCK_ORDER, ROW_BLOCKS, BLOCK_THRESHOLD = "block_order", "row_blocks", "block_threshold"
 FACTOR_IN, FACTOR_OUT = "factor_in", "factor_out"
-GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER, EPS)
+GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD)
 # Not split along outputs.
-REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, EPS, THRESHOLD, ROTATION, FACTOR_IN)
+REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD, THRESHOLD, ROTATION,
+                   FACTOR_IN, BLOCK_ORDER, BLOCK_THRESHOLD)
+# Per-site scalars and vectors that a step reads beside the kernels (counted as "other").
+SITE_KNOBS = (BIAS, THRESHOLD, RESIDUAL_THRESHOLD, BLOCK_ORDER, BLOCK_THRESHOLD)
 LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
 HEAD_MAP = "logits"  # the LM head's one map, under M/
 SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"
@@ -115,6 +124,11 @@ def has_gsi(node) -> bool:
 def with_site(params, layer: str, site: str, extra: dict):
   """A new tree whose site holds `extra` beside what it had (others shared)."""
   return {**params, layer: {**params[layer], site: {**params[layer][site], **extra}}}
+
+
+def per_site(params, value) -> dict:
+  """{layer: {site: value}} for every site: one knob everywhere (a uniform allocation)."""
+  return {layer: {site: value for site in sites} for layer, sites in site_kernels(params).items()}
 
 
 def with_site_values(params, key: str, values: dict):
