@@ -10,8 +10,7 @@ y = Σ_{i kept} x_i W_i, one token at a time, for ways of reading only the kept 
            rows are read where they lie instead of being copied first;
   blocks   W's rows in contiguous blocks of --block rows, a block kept when any of its
            rows is; a fori_loop over the kept blocks adds x_b W_b, each block a dynamic
-           slice of W (no gather; pareto.py's "blocks" method instead keeps every block
-           in its own buffer, `gsi_jax.ops.kept_blocks_matmul`);
+           slice of W (no gather);
   kernel   `kept_rows_matmul`'s CPU kernel (`gsi_jax.ops.cpu_kernels`, XLA's FFI):
            each kept row streamed once, in place.
 Dense x @ W runs in the same process on the same copies.  Weights are cache-cold: the

@@ -13,9 +13,7 @@ sites; --head_eps), sparsity+head (both; sparsity × head_eps), larosa
 residual (subspace plus sparse residual y = g M + r_S W_S: --residual_k ×
 --residual_sparsity, the residual's target sparsity) and rsparse (R-Sparse:
 kept inputs exact, dropped ones through a rank-r SVD of W: --rsparse_ranks ×
---rsparse_sparsity) and blocks (whole blocks of --block_size channels, sorted by
-mean |x|, dropped by their norm: the layout whose fast path reads no gathered
-copy, at --block_sparsity).  With --learned, also sparsity_learned, gsi_learned and
+--rsparse_sparsity).  With --learned, also sparsity_learned, gsi_learned and
 residual_learned: per-site thresholds or ε learned with optax
 (`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text;
 where the learned allocation scores worse than the uniform one on calibration
@@ -61,8 +59,6 @@ flags.DEFINE_list("residual_sparsity", ["0.4", "0.5", "0.6", "0.7"],
 flags.DEFINE_list("rsparse_ranks", ["8", "32", "64"], "R-Sparse ranks of each map's SVD.")
 flags.DEFINE_list("rsparse_sparsity", ["0.5", "0.6", "0.7"],
                   "R-Sparse target input sparsities in [0, 1).")
-flags.DEFINE_integer("block_size", 16, "Channels per block of block sparsity.")
-flags.DEFINE_list("block_sparsity", ["0.1", "0.25"], "Target shares of blocks dropped.")
 flags.DEFINE_integer("learned_residual_k", 32, "Rank of the learned sparse residual.")
 flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
                      "timing); each decodes --max_new_tokens from the first prompt.")
@@ -80,7 +76,7 @@ OUT = "results/pareto.json"
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
 METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
-           "larosa", "residual", "rsparse", "blocks", "sparsity_learned", "gsi_learned", "residual_learned")
+           "larosa", "residual", "rsparse", "sparsity_learned", "gsi_learned", "residual_learned")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
                 "bytes_fraction", "tokens_per_s"]
 UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual"}
@@ -102,8 +98,6 @@ class ParetoConfig:
   residual_sparsity: tuple[float, ...]
   rsparse_ranks: tuple[int, ...]
   rsparse_sparsity: tuple[float, ...]
-  block_size: int
-  block_sparsity: tuple[float, ...]
   learned_residual_k: int
   methods: tuple[str, ...]
   speed_repeats: int
@@ -132,9 +126,7 @@ class ParetoConfig:
     unknown = set(self.larosa_sites) - set(P.SITES)
     if unknown:
       raise GSIError(f"--larosa_sites: unknown sites {sorted(unknown)}; choose from {P.SITES}")
-    if self.block_size < 1:
-      raise GSIError(f"--block_size must be positive, got {self.block_size}")
-    for name in ("residual_sparsity", "rsparse_sparsity", "block_sparsity"):
+    for name in ("residual_sparsity", "rsparse_sparsity"):
       if any(not 0 <= v < 1 for v in getattr(self, name)):
         raise GSIError(f"--{name} targets must lie in [0, 1), got {list(getattr(self, name))}")
     for name in ("residual_k", "rsparse_ranks"):
@@ -175,8 +167,6 @@ def config_from_flags() -> ParetoConfig:
       residual_sparsity=cli.numbers("residual_sparsity", FLAGS.residual_sparsity, float),
       rsparse_ranks=cli.numbers("rsparse_ranks", FLAGS.rsparse_ranks, int),
       rsparse_sparsity=cli.numbers("rsparse_sparsity", FLAGS.rsparse_sparsity, float),
-      block_size=FLAGS.block_size,
-      block_sparsity=cli.numbers("block_sparsity", FLAGS.block_sparsity, float),
       learned_residual_k=FLAGS.learned_residual_k, methods=tuple(FLAGS.methods),
       speed_repeats=FLAGS.speed_repeats,
       learned=FLAGS.learned,
@@ -437,19 +427,6 @@ def sweep_residual(ev, c: ParetoConfig) -> list[dict]:
   return records
 
 
-def sweep_blocks(ev, c: ParetoConfig) -> list[dict]:
-  """Block sparsity: channels by mean |x|, blocks dropped by ‖x_b‖, each block its own buffer."""
-  orders = peers.magnitude_orders(ev.model, ev.model.params, ev.s.calib.ids)
-  layout = peers.block_layout(ev.model.params, orders, c.block_size)
-  records = []
-  for sp, t in uniform_thresholds(ev, layout, c.block_sparsity).items():
-    params = peers.apply_block_sparsity(layout, t)
-    records.append(ev.record("blocks", f"block={c.block_size},target={sp}", params, None,
-                             sparse_bytes(params)))
-  release_executables()
-  return records
-
-
 def sweep_rsparse(ev, c: ParetoConfig) -> list[dict]:
   """R-Sparse: magnitude thresholds on x, the dropped inputs through a rank-r SVD of W."""
   records = []
@@ -514,8 +491,6 @@ def pareto(c: ParetoConfig):
     records += sweep_residual(ev, c)
   if c.runs("rsparse"):
     records += sweep_rsparse(ev, c)
-  if c.runs("blocks"):
-    records += sweep_blocks(ev, c)
   if c.learned:
     records += sweep_learned(ev, c, thresholds)
   matched_uniform(records)
@@ -535,7 +510,7 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh<>*dp8H"))
+  markers = dict(zip(METHODS, "oDPs^vXh<>*dp8"))
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in METHODS:

@@ -11,10 +11,7 @@
     site's full PCA basis Q (GSI's eigenbasis, all d columns), with kernels
     Qᵀ W; Q itself is read at every token;
   * R-Sparse-style rank-aware sparsity: the kept inputs exact through W's
-    rows, the dropped ones through a rank-r factor of W (`weight_factors`);
-  * block sparsity (beyond TEAL, for XLA's CPU backend): channels sorted by
-    mean |x|, blocks of them dropped by ‖x_b‖, each block of W's rows its own
-    buffer so that a dropped block is never read (`block_layout`).
+    rows, the dropped ones through a rank-r factor of W (`weight_factors`).
 Their bytes per decoded token come from `gsi_jax.metrics.bytes`.
 """
 
@@ -76,8 +73,7 @@ def svd_truncate(params, svds: dict, rank: int):
 def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
                         max_windows: int = 8) -> dict:
   """{layer: {site: t}}: the |x| quantile that zeroes `sparsity` of each site's inputs
-  (of x Q at a rotated site, of the residual x − x V_k V_kᵀ at a site with V_k, of
-  the blocks' norms ‖x_b‖ at a site in block layout: the share of blocks dropped)."""
+  (of x Q at a rotated site, of the residual x − x V_k V_kᵀ at a site with V_k)."""
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
   _, state = model.forward(params, windows_NT[:max_windows], None,
@@ -87,10 +83,6 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
     x, node = np.asarray(x, np.float32), params[layer][site]
     if P.ROTATION in node:  # LaRoSA: x Q
       return x @ np.asarray(node[P.ROTATION], np.float32)
-    if P.BLOCK_ORDER in node:  # block sparsity: ‖x_b‖ of each block, channels in block order
-      n_blocks = len(next(iter(node[P.ROW_BLOCKS].values())))
-      x = x[..., np.asarray(node[P.BLOCK_ORDER])]
-      return np.sqrt(np.sum(np.square(x.reshape(*x.shape[:-1], n_blocks, -1)), -1))
     if P.V in node:  # the subspace plus sparse residual: r = x - x V_k V_kᵀ
       V = np.asarray(node[P.V], np.float32)
       return x - (x @ V) @ V.T
@@ -103,41 +95,6 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
 def apply_sparsity(params, thresholds: dict):
   """New params whose sites zero inputs below their threshold."""
   return P.with_site_values(params, P.THRESHOLD, thresholds)
-
-
-def magnitude_orders(model, params, windows_NT: np.ndarray, max_windows: int = 8) -> dict:
-  """{layer: {site: order (d,)}}: each site's channels by descending mean |x| on the
-  calibration windows, so that a block holds channels of like magnitude."""
-  _, state = model.forward(params, windows_NT[:max_windows], None,
-                           collections=(P.SITE_INPUTS,))
-  return {layer: {site: np.argsort(-np.abs(np.asarray(x, np.float32)).reshape(-1, x.shape[-1])
-                                   .mean(0), kind="stable").astype(np.int32)
-                  for site, x in sites.items()}
-          for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items()}
-
-
-def block_layout(params, orders: dict, block: int):
-  """New params whose sites hold their channel order and W's rows in that order as
-  separate (block, O) buffers (a second copy of W, read by the batch-1 fast path);
-  `apply_block_sparsity` then sets the thresholds."""
-  out = params
-  for layer, sites in orders.items():
-    for site, order in sites.items():
-      kernels = params[layer][site][P.KERNEL]
-      d = next(iter(kernels.values())).shape[0]
-      if d % block:
-        raise GSIError(f"block size {block} does not divide {layer}/{site}'s width {d}; "
-                       "pick a divisor")
-      blocks = {name: {f"{b:04d}": W[order[b * block:(b + 1) * block]]
-                       for b in range(d // block)} for name, W in kernels.items()}
-      out = P.with_site(out, layer, site, {P.BLOCK_ORDER: jnp.asarray(order, jnp.int32),
-                                            P.ROW_BLOCKS: blocks})
-  return out
-
-
-def apply_block_sparsity(params, thresholds: dict):
-  """New params (in `block_layout`) whose sites drop blocks with ‖x_b‖ below threshold."""
-  return P.with_site_values(params, P.BLOCK_THRESHOLD, thresholds)
 
 
 def weight_factors(params, rank: int):

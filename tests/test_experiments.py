@@ -18,8 +18,7 @@ EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--
                     "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
                     "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
                     "--residual_k=2,4", "--residual_sparsity=0.3", "--rsparse_ranks=2",
-                    "--rsparse_sparsity=0.3", "--block_size=8", "--block_sparsity=0.3",
-                    "--learned_residual_k=4", "--speed_repeats=1"]}
+                    "--rsparse_sparsity=0.3", "--learned_residual_k=4", "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 

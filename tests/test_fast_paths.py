@@ -15,7 +15,7 @@ from gsi_jax import make_gate, metrics, peers
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
-from gsi_jax.ops import cpu_kernels, kept_blocks_matmul, kept_rows_matmul
+from gsi_jax.ops import cpu_kernels, kept_rows_matmul
 from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
 
 RNG = np.random.default_rng(1)
@@ -72,17 +72,6 @@ def test_without_a_compiler_the_xla_path_is_taken(monkeypatch, tmp_path, caplog)
   assert cpu_kernels.TARGET not in program
   np.testing.assert_allclose(np.asarray(kept_rows_matmul(x, keep, [W])[0]),
                              np.asarray(jnp.where(keep, x, 0) @ W), atol=1e-5)
-
-
-def test_kept_blocks_matmul_is_the_block_masked_product():
-  d, block = 48, 8
-  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
-  keep = jnp.asarray(RNG.random(d // block) < 0.5)
-  W = jnp.asarray(RNG.standard_normal((d, 7)), jnp.float32)
-  blocks = [[W[b * block:(b + 1) * block] for b in range(d // block)]]
-  (y,) = jax.jit(kept_blocks_matmul)(x, keep, blocks)
-  np.testing.assert_allclose(np.asarray(y), np.asarray((x * jnp.repeat(keep, block)) @ W),
-                             atol=1e-5, rtol=1e-5)
 
 
 def test_bucket_sizes_cover_every_count():
@@ -227,17 +216,3 @@ def test_rsparse_spans_dense_and_low_rank_and_fast_path_agrees(llama):
   with pytest.raises(gsi_jax.GSIError, match="rank must be positive"):
     peers.weight_factors(model.params, 0)
 
-
-def test_block_sparsity_fast_path_and_layout(llama):
-  model, _ = llama
-  orders = peers.magnitude_orders(model, model.params, CALIB)
-  layout = peers.block_layout(model.params, orders, 8)
-  np.testing.assert_allclose(np.asarray(model.logits(layout, CALIB[:2])),
-                             np.asarray(model.logits(model.params, CALIB[:2])), atol=1e-6)
-  params = peers.apply_block_sparsity(layout, peers.sparsity_thresholds(model, layout, CALIB, 0.5))
-  scores = metrics.score(model, params, CALIB)
-  assert abs(scores["kept_share_by_layer"]["layer_0"]["mlp_in"] - 0.5) < 0.1  # share of blocks
-  np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
-                                generate(model, params))
-  with pytest.raises(gsi_jax.GSIError, match="does not divide"):
-    peers.block_layout(model.params, orders, 7)

@@ -149,12 +149,12 @@ def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
 
 
 def test_pareto_beyond_summaries_and_learned_fallbacks(pareto):
-  """RESULTS §15: the sparse residual, R-Sparse and block sparsity beside sparsity in one run;
+  """RESULTS §15: the sparse residual and R-Sparse beside sparsity in one run;
   a learned allocation that scored worse than uniform on calibration text was replaced by it."""
   result = load("pareto_beyond.json")
   check_pareto_summaries(pareto, result)
   records = result["records"]
-  assert {r["method"] for r in records} == {"sparsity", "residual", "rsparse", "blocks",
+  assert {r["method"] for r in records} == {"sparsity", "residual", "rsparse",
                                             "sparsity_learned", "residual_learned"}
   for r in records:
     if r["method"].endswith("_learned"):

@@ -82,7 +82,7 @@ def itemsize(params) -> int:
 
 def kept_site_elements(node, d: int, out: int, kept: float) -> float:
   """One site whose bytes follow the share of its inputs kept: magnitude sparsity's
-  kept rows (block sparsity's: the kept blocks' rows), plus a rotated site's basis
+  kept rows, plus a rotated site's basis
   (LaRoSA reads Q (d, d)), plus R-Sparse's factors (its dropped inputs go through
   them), or the subspace plus sparse residual's V_k and M with the kept residual's rows."""
   if P.RESIDUAL_THRESHOLD in node:

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.models import params as P
-from gsi_jax.ops import (Gate, GatedWeights, block_scores, gated_linear, kept_blocks_matmul,
-                         kept_rows_matmul, residual_sparse_linear, soft_keep, straight_through)
+from gsi_jax.ops import (Gate, GatedWeights, gated_linear, kept_rows_matmul,
+                         residual_sparse_linear, soft_keep, straight_through)
 
 
 def add_bias(y_BTO: jax.Array, b_O: jax.Array) -> jax.Array:
@@ -40,10 +40,8 @@ class LinearSite(nn.Module):
   under gate.batch1_switch, only the kept rows of each W are read), a rotation
   first turns the input into the PCA basis (LaRoSA), factors replace a map by
   two thin ones (weight SVD), and a threshold with factors sends the dropped
-  inputs through them (R-Sparse), and a block threshold drops whole blocks of
-  permuted channels (at batch 1, `kept_blocks_matmul` skips their rows).  A
-  residual threshold beside V_k and M is the subspace plus sparse residual
-  (`gsi_jax.ops.residual`).
+  inputs through them (R-Sparse).  A residual threshold beside V_k and M is
+  the subspace plus sparse residual (`gsi_jax.ops.residual`).
   """
   outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias)
   dtype: Any = jnp.float32
@@ -73,27 +71,6 @@ class LinearSite(nn.Module):
       return ys
     return [y + (dropped_BTD @ A) @ B for y, (A, B) in zip(ys, factors)]
 
-  def _blocks(self, x_BTD, threshold, names, kernel, gate: Gate | None):
-    """Block sparsity: x's channels in block order, a block kept when ‖x_b‖ ≥ t."""
-    order, row_blocks = self._get(P.BLOCK_ORDER), self._get(P.ROW_BLOCKS)
-    ids = sorted(row_blocks[names[0]])
-    block = x_BTD.shape[-1] // len(ids)
-    ordered_BTD = jnp.take(x_BTD, order, axis=-1)
-    scores_BTN = block_scores(ordered_BTD, block)
-    keep_BTN = scores_BTN >= threshold
-    if gate is not None and gate.mode == "soft":
-      keep_BTN = straight_through(keep_BTN, soft_keep(scores_BTN, threshold))
-    self.sow("sparsity_stats", "kept", jnp.mean(keep_BTN, -1, dtype=jnp.float32))
-    if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1) \
-        and gate.mode != "soft":
-      ys = kept_blocks_matmul(ordered_BTD.reshape(-1), keep_BTN.reshape(-1),
-                              [[row_blocks[n][i] for i in ids] for n in names])
-      return [y.reshape(1, 1, -1) for y in ys]
-    # The mask back in the kernel's channel order, so W is read where it lies.
-    keep_BTD = jnp.repeat(keep_BTN.astype(x_BTD.dtype), block, -1)
-    keep_BTD = jnp.zeros_like(keep_BTD).at[..., order].set(keep_BTD)
-    return [(x_BTD * keep_BTD) @ kernel[n] for n in names]
-
   @nn.compact
   def __call__(self, x_BTD: jax.Array, gate: Gate | None) -> dict[str, jax.Array]:
     d = x_BTD.shape[-1]
@@ -113,8 +90,6 @@ class LinearSite(nn.Module):
       ys, keep_BTD = residual_sparse_linear(x_BTD, self._get(P.V), [M[n] for n in names],
                                             [kernel[n] for n in names], residual, gate)
       self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
-    elif (block_threshold := self._get(P.BLOCK_THRESHOLD)) is not None and not gated:
-      ys = self._blocks(x_BTD, block_threshold, names, kernel, gate)
     elif threshold is not None and not gated:
       factor_in, factor_out = self._get(P.FACTOR_IN), self._get(P.FACTOR_OUT)
       factors = None if factor_in is None else [(factor_in[n], factor_out[n]) for n in names]

@@ -13,9 +13,7 @@ residual_threshold (subspace plus sparse residual: y = g M + r_S W_S, no gate).
 Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
 site's input is rotated into its PCA basis, and its kernels are Qᵀ W), and
 factor_in/{map} (d, r), factor_out/{map} (r, O) (weight SVD as two thin maps; with a
-threshold, R-Sparse's low-rank path for the dropped inputs), and block sparsity's
-block_order (d,) int32 (the channel order), row_blocks/{map}/{i} (block, O) (W's rows in
-that order, one buffer per block) and block_threshold (on each block's ‖x_b‖).
+threshold, R-Sparse's low-rank path for the dropped inputs).
 """
 
 from __future__ import annotations
@@ -31,14 +29,13 @@ SKETCH, SKETCH_M, LADDER = "sketch", "sketch_M", "ladder"
 EPS = "eps"
 RESIDUAL_THRESHOLD = "residual_threshold"
 THRESHOLD, ROTATION = "threshold", "rotation"
-BLOCK_ORDER, ROW_BLOCKS, BLOCK_THRESHOLD = "block_order", "row_blocks", "block_threshold"
 FACTOR_IN, FACTOR_OUT = "factor_in", "factor_out"
 GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD)
 # Not split along outputs.
 REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD, THRESHOLD, ROTATION,
-                   FACTOR_IN, BLOCK_ORDER, BLOCK_THRESHOLD)
+                   FACTOR_IN)
 # Per-site scalars and vectors that a step reads beside the kernels (counted as "other").
-SITE_KNOBS = (BIAS, THRESHOLD, RESIDUAL_THRESHOLD, BLOCK_ORDER, BLOCK_THRESHOLD)
+SITE_KNOBS = (BIAS, THRESHOLD, RESIDUAL_THRESHOLD)
 LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
 HEAD_MAP = "logits"  # the LM head's one map, under M/
 SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"

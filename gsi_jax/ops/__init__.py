@@ -9,11 +9,10 @@ from gsi_jax.ops.gate import (IMPLS, MODES, Gate, check_threshold, gate_mask, la
 from gsi_jax.ops.gated_linear import GatedWeights, dense_matmul, gated_linear
 from gsi_jax.ops.kernel import gated_matmul, gated_matmul_on, gated_matmul_reference
 from gsi_jax.ops.residual import residual_sparse_linear, subspace_residual
-from gsi_jax.ops.sparse_blocks import block_scores, kept_blocks_matmul
 from gsi_jax.ops.sparse_rows import kept_rows_matmul
 
-__all__ = ["IMPLS", "MODES", "Gate", "GatedWeights", "block_scores", "check_threshold",
+__all__ = ["IMPLS", "MODES", "Gate", "GatedWeights", "check_threshold",
            "dense_matmul", "gate_mask", "gated_linear", "gated_matmul", "gated_matmul_on",
-           "gated_matmul_reference", "kept_blocks_matmul", "kept_rows_matmul", "ladder_ranks",
+           "gated_matmul_reference", "kept_rows_matmul", "ladder_ranks",
            "make_gate", "output_gate_mask", "residual_energy", "residual_sparse_linear",
            "soft_fast", "soft_keep", "straight_through", "subspace_residual"]
