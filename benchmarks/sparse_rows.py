@@ -32,7 +32,7 @@ from gsi_jax import cli, experiment
 from gsi_jax.benchmarking import best_ms, last_level_cache_bytes, scan_over_copies
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import cpu_kernels
-from gsi_jax.ops.sparse_rows import kept_rows_matmul_xla
+from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
 
 _SHAPES = flags.DEFINE_list("shapes", ["576x3072", "1536x576"],
                             "d x O of W (SmolLM2-135M's mlp_in and mlp_out).")
@@ -52,7 +52,7 @@ VARIANTS = ("masked", "gather", "reduce", "blocks", "kernel")
 def reduce_rows(x_D, keep_D, W, n_buckets=8):
   """The kept rows' Σ x_i W_i as a multiply-reduce over gathered indices (no dot)."""
   d = x_D.shape[0]
-  sizes = tuple(sorted({-(-d * j // n_buckets) for j in range(1, n_buckets + 1)}))
+  sizes = bucket_sizes(d, n_buckets)
   count = jnp.sum(keep_D, dtype=jnp.int32)
 
   def branch(size):
