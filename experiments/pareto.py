@@ -13,7 +13,11 @@ sites; --head_eps), sparsity+head (both; sparsity × head_eps), larosa
 residual (subspace plus sparse residual y = g M + r_S W_S: --residual_k ×
 --residual_sparsity, the residual's target sparsity) and rsparse (R-Sparse:
 kept inputs exact, dropped ones through a rank-r SVD of W: --rsparse_ranks ×
---rsparse_sparsity).  With --learned, also sparsity_learned, gsi_learned and
+--rsparse_sparsity) and cats (CATS, gated MLPs only: channels with small
+|act(x W_gate)| skip their columns of W_up and rows of W_down; --cats_sparsity,
+the share of channels dropped), and sparsity_greedy (TEAL's block-wise greedy
+per-site levels, `gsi_jax.greedy_sparsity`, at --greedy_sparsity: the baseline
+that learned allocations must beat).  With --learned, also sparsity_learned, gsi_learned and
 residual_learned: per-site thresholds or ε learned with optax
 (`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text;
 where the learned allocation scores worse than the uniform one on calibration
@@ -34,7 +38,7 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import allocation, cli, experiment, metrics, peers
+from gsi_jax import allocation, cli, experiment, greedy_sparsity, metrics, peers
 from gsi_jax.benchmarking import decode_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
@@ -59,6 +63,12 @@ flags.DEFINE_list("residual_sparsity", ["0.4", "0.5", "0.6", "0.7"],
 flags.DEFINE_list("rsparse_ranks", ["8", "32", "64"], "R-Sparse ranks of each map's SVD.")
 flags.DEFINE_list("rsparse_sparsity", ["0.5", "0.6", "0.7"],
                   "R-Sparse target input sparsities in [0, 1).")
+flags.DEFINE_list("cats_sparsity", ["0.4", "0.5", "0.6", "0.7", "0.8"],
+                  "CATS target shares of dropped MLP channels, in [0, 1).")
+flags.DEFINE_list("greedy_sparsity", ["0.4", "0.5", "0.6"],
+                  "Layer sparsity targets of TEAL's greedy allocation, in (0, 1).")
+flags.DEFINE_float("greedy_step", 0.02, "Layer sparsity added per greedy step.")
+flags.DEFINE_integer("greedy_windows", 2, "Calibration windows the greedy block errors use.")
 flags.DEFINE_integer("learned_residual_k", 32, "Rank of the learned sparse residual.")
 flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
                      "timing); each decodes --max_new_tokens from the first prompt.")
@@ -76,10 +86,13 @@ OUT = "results/pareto.json"
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
 METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
-           "larosa", "residual", "rsparse", "sparsity_learned", "gsi_learned", "residual_learned")
+           "larosa", "residual", "rsparse", "cats", "sparsity_greedy", "sparsity_learned",
+           "gsi_learned", "residual_learned")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
                 "bytes_fraction", "tokens_per_s"]
 UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual"}
+# Records that gain the uniform method's perplexity ratio at their bytes.
+ALLOCATED = {**UNIFORM, "sparsity_greedy": "sparsity"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
            "generations_identical", "tokens_per_s", "measured_speedup"]
 
@@ -98,6 +111,10 @@ class ParetoConfig:
   residual_sparsity: tuple[float, ...]
   rsparse_ranks: tuple[int, ...]
   rsparse_sparsity: tuple[float, ...]
+  cats_sparsity: tuple[float, ...]
+  greedy_sparsity: tuple[float, ...]
+  greedy_step: float
+  greedy_windows: int
   learned_residual_k: int
   methods: tuple[str, ...]
   speed_repeats: int
@@ -118,15 +135,15 @@ class ParetoConfig:
       raise GSIError(f"--ladder ranks must be positive, got {list(self.ladder)}")
     for e in self.head_eps + self.learned_eps:
       gsi_jax.ops.check_threshold("--head_eps and --learned_eps values", e)
-    if any(not 0 < s < 1 for s in self.learned_sparsity):
-      raise GSIError(f"--learned_sparsity targets must lie in (0, 1), "
-                     f"got {list(self.learned_sparsity)}")
+    for name in ("learned_sparsity", "greedy_sparsity"):
+      if any(not 0 < s < 1 for s in getattr(self, name)):
+        raise GSIError(f"--{name} targets must lie in (0, 1), got {list(getattr(self, name))}")
     if any(e == 0 for e in self.learned_eps):
       raise GSIError("--learned_eps must be > 0: a zero gate has no allocation to learn")
     unknown = set(self.larosa_sites) - set(P.SITES)
     if unknown:
       raise GSIError(f"--larosa_sites: unknown sites {sorted(unknown)}; choose from {P.SITES}")
-    for name in ("residual_sparsity", "rsparse_sparsity"):
+    for name in ("residual_sparsity", "rsparse_sparsity", "cats_sparsity"):
       if any(not 0 <= v < 1 for v in getattr(self, name)):
         raise GSIError(f"--{name} targets must lie in [0, 1), got {list(getattr(self, name))}")
     for name in ("residual_k", "rsparse_ranks"):
@@ -145,6 +162,21 @@ class ParetoConfig:
       raise GSIError(f"--speed_repeats must be >= 0, got {self.speed_repeats}")
     allocation.AllocationConfig(budget=1.0, lam=self.learned_lambda,
                                 steps=self.learned_steps)  # checks the flags now
+    if not 0 < self.greedy_step < 1:
+      raise GSIError(f"--greedy_step must lie in (0, 1), got {self.greedy_step}")
+    if self.greedy_windows < 1:
+      raise GSIError(f"--greedy_windows must be >= 1, got {self.greedy_windows}")
+
+  @property
+  def greedy(self) -> greedy_sparsity.GreedyConfig:
+    return greedy_sparsity.GreedyConfig(step=self.greedy_step, windows=self.greedy_windows)
+
+  def check_model(self, model):
+    """CATS needs a gated MLP: asked for by name elsewhere, that is an error; in a
+    sweep of every method it is skipped."""
+    if not model.config.gated_mlp and "cats" in self.methods:
+      raise GSIError(f"--methods cats needs a gated MLP (gate and up projections); "
+                     f"{model.config.name} has none: drop cats from --methods")
 
   def runs(self, method: str) -> bool:
     """Whether this run sweeps `method` (a learned one needs --learned and its uniform one)."""
@@ -167,6 +199,9 @@ def config_from_flags() -> ParetoConfig:
       residual_sparsity=cli.numbers("residual_sparsity", FLAGS.residual_sparsity, float),
       rsparse_ranks=cli.numbers("rsparse_ranks", FLAGS.rsparse_ranks, int),
       rsparse_sparsity=cli.numbers("rsparse_sparsity", FLAGS.rsparse_sparsity, float),
+      cats_sparsity=cli.numbers("cats_sparsity", FLAGS.cats_sparsity, float),
+      greedy_sparsity=cli.numbers("greedy_sparsity", FLAGS.greedy_sparsity, float),
+      greedy_step=FLAGS.greedy_step, greedy_windows=FLAGS.greedy_windows,
       learned_residual_k=FLAGS.learned_residual_k, methods=tuple(FLAGS.methods),
       speed_repeats=FLAGS.speed_repeats,
       learned=FLAGS.learned,
@@ -441,11 +476,39 @@ def sweep_rsparse(ev, c: ParetoConfig) -> list[dict]:
   return records
 
 
+def sweep_cats(ev, c: ParetoConfig) -> list[dict]:
+  """CATS: per layer, the |act(x W_gate)| threshold that drops each target share of the
+  MLP channels; attention stays dense."""
+  base = ev.model.params
+  records = []
+  for sp in c.cats_sparsity:
+    params = peers.apply_cats(ev.model, base, peers.cats_thresholds(ev.model, base,
+                                                                    ev.s.calib.ids, sp))
+    records.append(ev.record("cats", f"target={sp}", params, None, sparse_bytes(params)))
+  release_executables()
+  return records
+
+
+def sweep_greedy(ev, c: ParetoConfig) -> list[dict]:
+  """TEAL's greedy per-site sparsity levels, one path walked to the largest target."""
+  base = ev.model.params
+  thresholds, levels = greedy_sparsity.greedy_allocation(ev.model, base, ev.s.calib.ids,
+                                                         c.greedy_sparsity, c.greedy)
+  records = []
+  for sp in c.greedy_sparsity:
+    params = peers.apply_sparsity(base, thresholds[sp])
+    records.append(ev.record("sparsity_greedy", f"target={sp}", params, None,
+                             sparse_bytes(params), shares=True, allocation=levels[sp]))
+  release_executables()
+  return records
+
+
 def matched_uniform(records):
-  """Each learned record gains the uniform method's perplexity ratio at its bytes."""
+  """Each allocated record (learned, greedy) gains the uniform method's perplexity
+  ratio at its bytes."""
   for r in records:
-    if r["method"] in UNIFORM:
-      uniform = [u for u in records if u["method"] == UNIFORM[r["method"]]]
+    if r["method"] in ALLOCATED:
+      uniform = [u for u in records if u["method"] == ALLOCATED[r["method"]]]
       r["uniform_ppl_ratio_at_bytes"] = frontier_at(uniform, r["bytes_fraction"], "ppl_ratio")
 
 
@@ -461,7 +524,7 @@ def best_measured(records) -> list[dict]:
 
 
 def pareto(c: ParetoConfig):
-  s = experiment.prepare(c.base)
+  s = experiment.prepare(c.base, check_model=c.check_model)
   ev = Evaluator(s, c)
   base = s.model.params
   records = []
@@ -491,6 +554,10 @@ def pareto(c: ParetoConfig):
     records += sweep_residual(ev, c)
   if c.runs("rsparse"):
     records += sweep_rsparse(ev, c)
+  if c.runs("cats") and s.model.config.gated_mlp:
+    records += sweep_cats(ev, c)
+  if c.runs("sparsity_greedy"):
+    records += sweep_greedy(ev, c)
   if c.learned:
     records += sweep_learned(ev, c, thresholds)
   matched_uniform(records)
@@ -510,7 +577,7 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh<>*dp8"))
+  markers = dict(zip(METHODS, "oDPs^vXh<>H1*dp8"))
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in METHODS:

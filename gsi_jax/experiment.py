@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -211,9 +211,10 @@ class Setup:
             **extra}
 
 
-def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True) -> Setup:
-  """Load the model and text; check k against the model; calibrate (or restore) bases
-  up to max(k)."""
+def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True,
+            check_model: Callable[[Any], None] | None = None) -> Setup:
+  """Load the model and text; check k (and with check_model, the caller's own flags)
+  against the model; calibrate (or restore) bases up to max(k)."""
   # Several devices (of one process or of several): one mesh over all of them, each
   # process reading the part of the weights its devices hold.
   mesh = sharding.make_mesh() if jax.device_count() > 1 else None
@@ -223,6 +224,8 @@ def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True
     raise GSIError(f"--k={config.k_max} exceeds the widest site of {model.config.name} "
                    f"({widest})")
   model.check_length(config.seq_len, "--seq_len")
+  if check_model is not None:
+    check_model(model)
   calib = text.windows(model, config.calib_text_file, config.seq_len, config.calib_tokens,
                        "--calib_text_file")
   held_out = (text.windows(model, config.eval_text_file, config.seq_len, config.eval_tokens,

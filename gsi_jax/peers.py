@@ -11,7 +11,10 @@
     site's full PCA basis Q (GSI's eigenbasis, all d columns), with kernels
     Qᵀ W; Q itself is read at every token;
   * R-Sparse-style rank-aware sparsity: the kept inputs exact through W's
-    rows, the dropped ones through a rank-r factor of W (`weight_factors`).
+    rows, the dropped ones through a rank-r factor of W (`weight_factors`);
+  * CATS-style sparsity for gated MLPs: per layer, a threshold on
+    |act(x W_gate)| calibrated for a target share of dropped channels; only the
+    kept columns of W_up and rows of W_down are read (`apply_cats`).
 Their bytes per decoded token come from `gsi_jax.metrics.bytes`.
 """
 
@@ -27,6 +30,7 @@ from gsi_jax.errors import GSIError
 from gsi_jax.gsi import solvers
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
+from gsi_jax.models.activations import activation
 
 
 def whitened_svds(params, grams: dict, floor: float = 1e-6) -> dict:
@@ -95,6 +99,47 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
 def apply_sparsity(params, thresholds: dict):
   """New params whose sites zero inputs below their threshold."""
   return P.with_site_values(params, P.THRESHOLD, thresholds)
+
+
+def _check_gated_mlp(model):
+  if not model.config.gated_mlp:
+    raise GSIError(f"CATS needs a gated MLP (gate and up projections); this "
+                   f"{model.config.family} model's MLP has none")
+
+
+def cats_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
+                    max_windows: int = 8) -> dict:
+  """{layer: t}: the |act(x W_gate)| quantile that drops `sparsity` of each layer's
+  MLP channels, on the calibration windows."""
+  _check_gated_mlp(model)
+  if not 0 <= sparsity < 1:
+    raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
+  _, state = model.forward(params, windows_NT[:max_windows], None,
+                           collections=(P.SITE_INPUTS,))
+  inputs = P.unwrap_sown(state[P.SITE_INPUTS])
+  out = {}
+  for layer, sites in inputs.items():
+    W_gate = params[layer]["mlp_in"][P.KERNEL]["gate"]
+    a = activation(model.config.activation, jnp.asarray(sites["mlp_in"], jnp.float32)
+                   @ jnp.asarray(W_gate, jnp.float32))
+    out[layer] = float(np.quantile(np.abs(np.asarray(a)), sparsity))
+  return out
+
+
+def apply_cats(model, params, thresholds: dict):
+  """New params whose gated MLPs drop the channels with |act(x W_gate)| below their
+  layer's threshold (`gsi_jax.ops.cats`).  mlp_in gains the threshold and W_up
+  transposed (the fast path reads its kept rows; stored beside W_up, so the tree
+  holds one more copy of it); mlp_out skips the rows whose input is exactly 0."""
+  _check_gated_mlp(model)
+  out = params
+  for layer, t in thresholds.items():
+    up = params[layer]["mlp_in"][P.KERNEL]["up"]
+    out = P.with_site(out, layer, "mlp_in", {P.CATS_THRESHOLD: jnp.asarray(t, jnp.float32),
+                                             P.CATS_UP_T: up.T})
+    out = P.with_site(out, layer, "mlp_out", {P.THRESHOLD: jnp.asarray(
+        np.finfo(np.float32).tiny, jnp.float32)})
+  return out
 
 
 def weight_factors(params, rank: int):

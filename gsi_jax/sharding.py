@@ -27,9 +27,12 @@ def _spec(path_keys, leaf, sites, n) -> PartitionSpec:
   in_site = layer in sites and len(path_keys) > 1 and path_keys[1] in sites[layer]
   if not in_site or path_keys[2] in P.REPLICATED_KEYS:
     return PartitionSpec()
-  out_dim = leaf.shape[-1]
+  transposed = path_keys[2] in P.TRANSPOSED_KEYS
+  out_dim = leaf.shape[0 if transposed else -1]
   if out_dim % n:
     return PartitionSpec()  # a width the mesh does not divide stays whole
+  if transposed:
+    return PartitionSpec(AXIS, None)
   return PartitionSpec(None, AXIS) if leaf.ndim == 2 else PartitionSpec(AXIS)
 
 

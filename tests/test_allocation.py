@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import GSIError, allocation, make_gate, peers
+from gsi_jax import GSIError, allocation, greedy_sparsity, make_gate, metrics, peers
 from gsi_jax.models import params as P
 
 RNG = np.random.default_rng(2)
@@ -81,3 +81,37 @@ def test_bad_allocation_input(llama):
   with pytest.raises(GSIError, match="positive knob values only"):
     allocation.learn_allocation(model, gsi, P.EPS, P.per_site(gsi, 0.0), CALIB, config)
   assert allocation.floored({"a": {"b": 0.0}}) == {"a": {"b": 1e-6}}
+
+
+def test_greedy_allocation_meets_each_target_and_thresholds_its_levels(llama):
+  """TEAL's greedy path: each target takes the first point at or above it, and each
+  site's threshold drops its level's share of that site's dense inputs."""
+  model, _ = llama
+  config = greedy_sparsity.GreedyConfig(step=0.05, windows=4)
+  thresholds, levels = greedy_sparsity.greedy_allocation(model, model.params, CALIB,
+                                                         (0.3, 0.6), config, progress=False)
+  sizes = {site: sum(W.size for W in kernels.values())
+           for site, kernels in P.site_kernels(model.params)["layer_0"].items()}
+  for target in (0.3, 0.6):
+    for layer, by_site in levels[target].items():
+      weighted = sum(by_site[s] * sizes[s] for s in sizes) / sum(sizes.values())
+      assert target - 1e-9 <= weighted < target + config.step + 1e-9
+      assert all(0 <= v <= config.max_site_sparsity for v in by_site.values())
+  assert levels[0.6]["layer_0"] != {s: 0.6 for s in sizes}  # not uniform
+  # Layer 0's attention input is the dense model's: its kept share there is 1 - level.
+  sparse = peers.apply_sparsity(model.params, thresholds[0.6])
+  kept = metrics.score(model, sparse, CALIB[:4])["kept_share_by_layer"]["layer_0"]["attn_in"]
+  assert kept == pytest.approx(1 - levels[0.6]["layer_0"]["attn_in"], abs=0.02)
+  with pytest.raises(GSIError, match="greedy targets must lie in"):
+    greedy_sparsity.greedy_allocation(model, model.params, CALIB, (1.0,), config)
+  with pytest.raises(GSIError, match="greedy step must lie in"):
+    greedy_sparsity.GreedyConfig(step=0)
+
+
+def test_block_error_is_teals_norm_over_the_last_positions():
+  dense = np.zeros((2, 8, 3))
+  y = dense.copy()
+  y[:, :6] = 5.0  # outside the last quarter: not measured
+  assert greedy_sparsity.block_error(y, dense, 0.25) == 0.0
+  y[:, 6:] = 1.0  # norm over 2 positions of ones
+  assert greedy_sparsity.block_error(y, dense, 0.25) == pytest.approx(np.sqrt(2))

@@ -18,7 +18,8 @@ EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--
                     "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
                     "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
                     "--residual_k=2,4", "--residual_sparsity=0.3", "--rsparse_ranks=2",
-                    "--rsparse_sparsity=0.3", "--learned_residual_k=4", "--speed_repeats=1"]}
+                    "--rsparse_sparsity=0.3", "--learned_residual_k=4", "--greedy_sparsity=0.3",
+                    "--greedy_step=0.1", "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
 
@@ -123,7 +124,8 @@ def check_theorem4_check(records):
 
 
 def check_pareto(records):
-  assert {r["method"] for r in records} == set(_MODULES["pareto"].METHODS)
+  # Every method; CATS only on a gated MLP (test_pareto_cats_on_a_gated_mlp), so not on GPT-2.
+  assert {r["method"] for r in records} == set(_MODULES["pareto"].METHODS) - {"cats"}
   for r in records:
     assert r["bytes_per_token"] > 0 and share(r["top1_agreement"]) and share(r["fast_share"])
     assert r["tokens_per_s"] > 0 and r["measured_speedup"] > 0
@@ -136,6 +138,10 @@ def check_pareto(records):
       assert all(v > 0 for s in r["allocation"].values() for v in s.values())
       assert len(r["learning"]) == 2 and "uniform_ppl_ratio_at_bytes" in r
       assert r["fallback"] == (r["calib_nll_learned"] > r["calib_nll_uniform"])
+    if r["method"] == "sparsity_greedy":
+      assert set(r["allocation"]) == set(r["kept_share_by_layer"])
+      assert all(0 <= v < 1 for s in r["allocation"].values() for v in s.values())
+      assert "uniform_ppl_ratio_at_bytes" in r
 
 
 
@@ -156,6 +162,34 @@ def test_script_end_to_end(tiny_folder, tmp_path, family, script):
   assert result["records"], "no records"
   globals()[f"check_{script}"](result["records"])
   assert (tmp_path / "sub" / f"{script}.md").exists()
+
+
+def test_pareto_cats_on_a_gated_mlp(tiny_folder, tmp_path):
+  """CATS beside sparsity on a tiny Llama: its kept share follows the target, and
+  target 0 keeps every channel (dense quality, dense bytes but the gate's threshold)."""
+  folder, _ = tiny_folder("llama_gqa")
+  out = tmp_path / "pareto.json"
+  run_in_process("pareto", SMALL + ["--methods=sparsity,cats", "--sparsity=0.3",
+                                    "--cats_sparsity=0,0.5", "--speed_repeats=1",
+                                    f"--model={folder}", f"--out={out}",
+                                    f"--bases_dir={tmp_path / 'bases'}"])
+  records = {r["knob"]: r for r in json.loads(out.read_text())["records"]
+             if r["method"] == "cats"}
+  assert set(records) == {"target=0.0", "target=0.5"}
+  assert records["target=0.0"]["ppl_ratio"] == pytest.approx(1.0, abs=1e-5)
+  assert records["target=0.0"]["generations_identical"] == records["target=0.0"]["prompts"]
+  assert records["target=0.0"]["bytes_fraction"] == pytest.approx(1.0, abs=1e-3)
+  assert records["target=0.5"]["bytes_fraction"] < records["target=0.0"]["bytes_fraction"]
+  assert records["target=0.5"]["tokens_per_s"] > 0
+
+
+def test_pareto_cats_needs_a_gated_mlp_before_calibration(tiny_folder, tmp_path):
+  folder, _ = tiny_folder("gpt2")
+  proc = run_script([f"--model={folder}", "--methods=cats", "--k=8", "--seq_len=32",
+                     f"--bases_dir={tmp_path}",
+                     f"--out={tmp_path / 'p.json'}"], "pareto.py")
+  assert_one_error_line(proc, "--methods cats needs a gated MLP")
+  assert not any(tmp_path.iterdir())  # nothing was calibrated
 
 
 def run_script(args, script="quality_table.py", cwd=ROOT, folder="experiments"):

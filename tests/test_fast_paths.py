@@ -15,8 +15,8 @@ from gsi_jax import make_gate, metrics, peers
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
-from gsi_jax.ops import cpu_kernels, kept_rows_matmul
-from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
+from gsi_jax.ops import cpu_kernels, kept_dots, kept_rows_matmul
+from gsi_jax.ops.sparse_rows import bucket_sizes, kept_dots_xla, kept_rows_matmul_xla
 
 RNG = np.random.default_rng(1)
 CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
@@ -47,6 +47,17 @@ def test_kept_rows_matmul_is_the_masked_product(kept, impl):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("impl", [kept_dots, kept_dots_xla])
+@pytest.mark.parametrize("kept", [0, 1, 7, 9, 48])
+def test_kept_dots_are_the_masked_product(kept, impl):
+  o, d = 48, 37  # d not a multiple of the kernel's 8 partial sums
+  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
+  keep = jnp.zeros(o, bool).at[RNG.permutation(o)[:kept]].set(True)
+  W = jnp.asarray(RNG.standard_normal((o, d)), jnp.float32)
+  np.testing.assert_allclose(np.asarray(jax.jit(impl)(x, keep, W)),
+                             np.asarray(jnp.where(keep, W @ x, 0)), atol=1e-5, rtol=1e-5)
+
+
 def test_the_cpu_kernel_is_built_and_reads_in_place():
   """This machine (and CI) has a C++ compiler, so the kernel is what sparse decode runs."""
   assert cpu_kernels.available()
@@ -58,6 +69,9 @@ def test_the_cpu_kernel_is_built_and_reads_in_place():
   assert cpu_kernels.TARGET in program and "gather" not in program
   np.testing.assert_allclose(np.asarray(cpu_kernels.kept_rows(x, keep, W)),
                              np.asarray(jnp.where(keep, x, 0) @ W), atol=1e-4, rtol=1e-5)
+  keep_O = jnp.asarray(RNG.random(o) < 0.4)
+  dots = jax.jit(lambda x, k, W: kept_dots(x, k, W)).lower(x, keep_O, W.T).as_text()
+  assert cpu_kernels.DOTS_TARGET in dots and "gather" not in dots
 
 
 def test_without_a_compiler_the_xla_path_is_taken(monkeypatch, tmp_path, caplog):
@@ -216,3 +230,36 @@ def test_rsparse_spans_dense_and_low_rank_and_fast_path_agrees(llama):
   with pytest.raises(gsi_jax.GSIError, match="rank must be positive"):
     peers.weight_factors(model.params, 0)
 
+
+
+def test_cats_spans_dense_and_its_fast_path_and_bytes_agree(llama):
+  """Threshold 0 keeps every channel (dense); a calibrated one drops its share, the
+  fast path decodes the same tokens, and the bytes are W_gate, W_up's kept columns
+  and W_down's kept rows."""
+  model, _ = llama
+  dense = np.asarray(model.logits(model.params, CALIB[:2]))
+  layers = P.layers(model.params)
+  everything = peers.apply_cats(model, model.params, {layer: 0.0 for layer in layers})
+  np.testing.assert_allclose(np.asarray(model.logits(everything, CALIB[:2])), dense, atol=1e-5)
+  for target in (0.3, 0.7):
+    params = peers.apply_cats(model, model.params,
+                              peers.cats_thresholds(model, model.params, CALIB, target))
+    np.testing.assert_array_equal(generate(model, params, make_gate(0.0, batch1_switch=True)),
+                                  generate(model, params))
+    scores = metrics.score(model, params, CALIB)
+    kept = scores["kept_share_by_layer"]
+    assert abs(kept["layer_0"]["mlp_in"] - (1 - target)) < 0.05
+    assert kept["layer_0"]["mlp_out"] == pytest.approx(kept["layer_0"]["mlp_in"], abs=1e-6)
+    expected = 0.0
+    for layer, site, d, o in P.site_shapes(params):
+      share = kept[layer].get(site, 1.0)
+      expected += {"mlp_in": d * o / 2 * (1 + share), "mlp_out": share * d * o}.get(site, d * o)
+    outside = mbytes.other_elements(params) + mbytes.head_elements(params)
+    assert mbytes.sparsity_bytes(params, kept, None) == pytest.approx((expected + outside) * 4)
+  assert P.CATS_UP_T not in P.site_kernels(params)["layer_0"]["mlp_in"]  # not a map of its own
+
+
+def test_cats_needs_a_gated_mlp(tiny_folder):
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  with pytest.raises(gsi_jax.GSIError, match="needs a gated MLP"):
+    peers.cats_thresholds(model, model.params, CALIB, 0.5)

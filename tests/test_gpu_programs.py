@@ -77,7 +77,7 @@ def test_calibration_step_lowers(platform):
   config = dataclasses.replace(ModelConfig.gptj_6b(), n_layers=1)
   layer = param_shapes(config, jnp.bfloat16)[P.layer_name(0)]
   x = jax.ShapeDtypeStruct((4, 256, config.d_model), jnp.bfloat16)
-  forward = jax.jit(functools.partial(calibration._layer_forward, block=Block(config,
+  forward = jax.jit(functools.partial(calibration.layer_forward, block=Block(config,
                                                                              jnp.bfloat16)))
   assert_gpu_clean(lowering.export_for(forward, (layer, x), platform), platform)
   _, inputs = jax.eval_shape(forward, layer, x)

@@ -182,7 +182,7 @@ def windows(token_ids, seq_len: int) -> np.ndarray:
 
 
 @functools.partial(jax.jit, static_argnames=("module",))
-def _embed(module, params, ids_BT):
+def embed_windows(module, params, ids_BT):
   return module.apply({"params": params}, ids_BT, method=Decoder.embed_inputs)
 
 
@@ -201,7 +201,7 @@ def _row_sharded(mesh: Mesh | None, d: int):
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
-def _layer_forward(layer_params, x_BTD, block):
+def layer_forward(layer_params, x_BTD, block):
   """One layer on one batch of windows: its output and its sites' inputs."""
   positions_T = jnp.arange(x_BTD.shape[1])
   (y_BTD, _), state = block.apply({"params": layer_params}, x_BTD, positions_T, 0, None, None,
@@ -271,11 +271,11 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
     logging.info("calibration resumes after %d of %d layers from %s", done,
                  len(layer_names), store.path)
   else:
-    x_NTD = jnp.concatenate([_embed(model.module, params, jnp.asarray(ids[i:i + batch_size]))
+    x_NTD = jnp.concatenate([embed_windows(model.module, params, jnp.asarray(ids[i:i + batch_size]))
                              for i in range(0, len(ids), batch_size)])
   block = Block(model.config, model.dtype)
   # Every block has the same sites and widths: trace one once.
-  _, shapes = jax.eval_shape(lambda p, x: _layer_forward(p, x, block), params[layer_names[0]],
+  _, shapes = jax.eval_shape(lambda p, x: layer_forward(p, x, block), params[layer_names[0]],
                              jnp.zeros((1, ids.shape[1], model.config.d_model), model.dtype))
   widths = {site: x.shape[-1] for site, x in shapes.items()}
   zeros = lambda: {site: _zero_gram(d, _row_sharded(mesh, d)) for site, d in widths.items()}
@@ -289,7 +289,7 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
     t0 = time.time()
     grams, kept, outputs = (None if keep_inputs else zeros()), [], []
     for i in range(0, len(ids), batch_size):
-      y, inputs = _layer_forward(params[layer], x_NTD[i:i + batch_size], block)
+      y, inputs = layer_forward(params[layer], x_NTD[i:i + batch_size], block)
       outputs.append(y)
       if keep_inputs:
         kept.append(inputs)

@@ -84,7 +84,11 @@ def kept_site_elements(node, d: int, out: int, kept: float) -> float:
   """One site whose bytes follow the share of its inputs kept: magnitude sparsity's
   kept rows, plus a rotated site's basis
   (LaRoSA reads Q (d, d)), plus R-Sparse's factors (its dropped inputs go through
-  them), or the subspace plus sparse residual's V_k and M with the kept residual's rows."""
+  them), or the subspace plus sparse residual's V_k and M with the kept residual's rows,
+  or CATS' whole W_gate with W_up's kept columns (kept: the share of channels kept)."""
+  if P.CATS_THRESHOLD in node:
+    d_gate = node[P.KERNEL]["gate"].shape[1]
+    return d * d_gate + sparse_map_elements(d, out - d_gate, kept)
   if P.RESIDUAL_THRESHOLD in node:
     k = node[P.V].shape[1]
     return gated_map_elements(d, out, k, k, 1.0) + sparse_map_elements(d, out, kept)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from einops import rearrange
 
+from gsi_jax.models.activations import activation
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.linear import LinearSite, LMHead
 from gsi_jax.models.params import layer_name
@@ -30,16 +31,6 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype) -> tuple[La
   shape = (batch, max_len, config.n_kv_heads, config.head_dim)
   return tuple(LayerCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
                for _ in range(config.n_layers))
-
-
-def activation(name: str, x: jax.Array) -> jax.Array:
-  if name == "gelu_tanh":
-    return nn.gelu(x, approximate=True)
-  if name == "gelu":
-    return nn.gelu(x, approximate=False)
-  if name == "relu":
-    return nn.relu(x)
-  return nn.silu(x)
 
 
 def rope_frequencies(config: ModelConfig) -> jax.Array:
@@ -105,8 +96,8 @@ class Block(nn.Module):
   config: ModelConfig
   dtype: Any
 
-  def _site(self, name, outputs):
-    return LinearSite(outputs=outputs, dtype=self.dtype, name=name)
+  def _site(self, name, outputs, activation_name=None):
+    return LinearSite(outputs=outputs, dtype=self.dtype, activation=activation_name, name=name)
 
   @nn.compact
   def __call__(self, x_BTD, positions_T, start, cache: LayerCache | None, gate: Gate | None):
@@ -139,7 +130,8 @@ class Block(nn.Module):
 
     def mlp(h, out=None):
       if out is None:
-        out = self._site("mlp_in", mlp_in)(h, gate)
+        # A gated MLP's input site knows the activation: CATS thresholds act(x W_gate).
+        out = self._site("mlp_in", mlp_in, c.activation if c.gated_mlp else None)(h, gate)
       if c.gated_mlp:
         z = activation(c.activation, out["gate"]) * out["up"]
       else:

@@ -13,8 +13,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
-from gsi_jax.ops import (Gate, GatedWeights, gated_linear, kept_rows_matmul,
+from gsi_jax.models.activations import activation as apply_activation
+from gsi_jax.ops import (Gate, GatedWeights, cats_gated_linear, gated_linear, kept_rows_matmul,
                          residual_sparse_linear, soft_keep, straight_through)
 
 
@@ -41,10 +43,13 @@ class LinearSite(nn.Module):
   first turns the input into the PCA basis (LaRoSA), factors replace a map by
   two thin ones (weight SVD), and a threshold with factors sends the dropped
   inputs through them (R-Sparse).  A residual threshold beside V_k and M is
-  the subspace plus sparse residual (`gsi_jax.ops.residual`).
+  the subspace plus sparse residual (`gsi_jax.ops.residual`).  A CATS
+  threshold at a gated MLP's input site (which knows its `activation`) drops
+  the channels whose gate activation is small (`gsi_jax.ops.cats`).
   """
   outputs: tuple[tuple[str, int, bool], ...]  # (map, d_out, has bias)
   dtype: Any = jnp.float32
+  activation: str | None = None  # a gated MLP's input site: the gate map's activation
 
   def _get(self, key):
     return self.get_variable("params", key) if self.has_variable("params", key) else None
@@ -85,7 +90,16 @@ class LinearSite(nn.Module):
     threshold, residual = self._get(P.THRESHOLD), self._get(P.RESIDUAL_THRESHOLD)
     has_basis = (gate is None or gate.mode != "dense") and self.has_variable("params", P.V)
     gated = has_basis and gate is not None
-    if residual is not None and has_basis:
+    if (cats := self._get(P.CATS_THRESHOLD)) is not None:
+      if self.activation is None or names != ["gate", "up"] or gated:
+        raise GSIError("a CATS threshold needs a gated MLP's input site (gate, up) and no GSI "
+                       "gate")
+      gate_BTF, up_BTF, keep_BTF = cats_gated_linear(
+          x_BTD, kernel["gate"], kernel["up"], self._get(P.CATS_UP_T), cats,
+          lambda z: apply_activation(self.activation, z), gate)
+      ys = [gate_BTF, up_BTF]
+      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTF, -1, dtype=jnp.float32))
+    elif residual is not None and has_basis:
       M = self._get(P.M)
       ys, keep_BTD = residual_sparse_linear(x_BTD, self._get(P.V), [M[n] for n in names],
                                             [kernel[n] for n in names], residual, gate)

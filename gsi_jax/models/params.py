@@ -13,7 +13,9 @@ residual_threshold (subspace plus sparse residual: y = g M + r_S W_S, no gate).
 Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
 site's input is rotated into its PCA basis, and its kernels are Qᵀ W), and
 factor_in/{map} (d, r), factor_out/{map} (r, O) (weight SVD as two thin maps; with a
-threshold, R-Sparse's low-rank path for the dropped inputs).
+threshold, R-Sparse's low-rank path for the dropped inputs), and at a gated MLP's
+mlp_in  cats_threshold (CATS: channels with |act(x W_gate)| below it are dropped)
+and  cats_up_t (d_ff, d) (W_up transposed, whose kept rows CATS' fast path reads).
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ EPS = "eps"
 RESIDUAL_THRESHOLD = "residual_threshold"
 THRESHOLD, ROTATION = "threshold", "rotation"
 FACTOR_IN, FACTOR_OUT = "factor_in", "factor_out"
+CATS_THRESHOLD, CATS_UP_T = "cats_threshold", "cats_up_t"
 GSI_KEYS = (V, M, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD)
 # Not split along outputs.
 REPLICATED_KEYS = (V, SKETCH, SKETCH_M, LADDER, EPS, RESIDUAL_THRESHOLD, THRESHOLD, ROTATION,
-                   FACTOR_IN)
+                   FACTOR_IN, CATS_THRESHOLD)
+# Stored (O, d): split along their first axis, as the map they transpose is split.
+TRANSPOSED_KEYS = (CATS_UP_T,)
 # Per-site scalars and vectors that a step reads beside the kernels (counted as "other").
-SITE_KNOBS = (BIAS, THRESHOLD, RESIDUAL_THRESHOLD)
+SITE_KNOBS = (BIAS, THRESHOLD, RESIDUAL_THRESHOLD, CATS_THRESHOLD)
 LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
 HEAD_MAP = "logits"  # the LM head's one map, under M/
 SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"

@@ -1,6 +1,8 @@
-"""The CPU kernel of the kept-rows product, compiled on first use and called through XLA's FFI.
+"""The CPU kernels of the sparse batch-1 products, compiled on first use and called
+through XLA's FFI.
 
-`csrc/kept_rows.cc` streams only the kept rows of W, in place.  It is compiled
+`csrc/kept_rows.cc` streams only the kept rows of W, in place: for the kept-rows
+product (magnitude sparsity) and for the kept dots (CATS' up_proj).  It is compiled
 with the machine's C++ compiler against the headers jaxlib ships
 (`jax.ffi.include_dir()`), once per source, jaxlib and CPU, into
 $GSI_JAX_CACHE/kernels (default ~/.cache/gsi_jax/kernels), written to a temporary
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "kept_rows.cc")
-TARGET = "gsi_jax_kept_rows"
+TARGET, DOTS_TARGET = "gsi_jax_kept_rows", "gsi_jax_kept_dots"
 FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 _state: dict = {}
 
@@ -76,6 +78,8 @@ def available() -> bool:
     try:
       library = ctypes.cdll.LoadLibrary(_build())
       jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.KeptRows), platform="cpu")
+      jax.ffi.register_ffi_target(DOTS_TARGET, jax.ffi.pycapsule(library.KeptDots),
+                                  platform="cpu")
       _state["ok"] = True
     except (OSError, subprocess.SubprocessError) as e:
       logging.warning("the kept-rows CPU kernel could not be built (%s); sparse decode on CPU "
@@ -88,3 +92,9 @@ def kept_rows(x_D: jax.Array, keep_D: jax.Array, W_DO: jax.Array) -> jax.Array:
   """Σ_{i kept} x_i W_i for float32 x (d,) and W (d, O): the FFI call (cpu only)."""
   return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((W_DO.shape[1],), jnp.float32))(
       x_D, keep_D, W_DO)
+
+
+def kept_dots(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array) -> jax.Array:
+  """W_o · x for kept o, else 0, for float32 x (d,) and W (O, d): the FFI call (cpu only)."""
+  return jax.ffi.ffi_call(DOTS_TARGET, jax.ShapeDtypeStruct((W_OD.shape[0],), jnp.float32))(
+      x_D, keep_O, W_OD)

@@ -1,9 +1,12 @@
-"""Magnitude sparsity's batch-1 fast path: read only the rows of W for the kept inputs.
+"""Sparse batch-1 fast paths that read only the rows of W they need.
 
-    y = Σ_{i kept} x_i W_i   (W stored (d, O), so row i is what input i multiplies)
+    kept rows:  y = Σ_{i kept} x_i W_i   (W stored (d, O), so row i is what input i
+                multiplies): magnitude sparsity's inputs
+    kept dots:  y_o = W_o · x for kept o, else 0   (W stored (O, d)): CATS' kept
+                output channels of up_proj
 
-Two implementations with one signature:
-  `kept_rows_matmul_xla`: XLA needs static shapes, so the kept indices are gathered
+Each has two implementations with one signature:
+  `kept_rows_matmul_xla`, `kept_dots_xla`: XLA needs static shapes, so the kept indices are gathered
     into one of a few bucket sizes: a lax.switch picks the smallest bucket that
     holds every kept input, and the unused slots are padded with zero inputs.  Rows
     are read in proportion to the bucket (at most 1/n_buckets of d more than the
@@ -11,8 +14,8 @@ Two implementations with one signature:
     they are moved about three times (benchmarks/sparse_rows.py).  The last
     bucket, all d rows, is the masked product itself.
   the CPU kernel (`gsi_jax.ops.cpu_kernels`, float32): streams each kept row once.
-`kept_rows_matmul` takes the kernel where the program is lowered for cpu in float32
-and the kernel could be built, and the XLA path everywhere else.
+`kept_rows_matmul` and `kept_dots` take the kernel where the program is lowered for
+cpu in float32 and the kernel could be built, and the XLA path everywhere else.
 """
 
 from __future__ import annotations
@@ -33,24 +36,34 @@ def bucket_sizes(d: int, n_buckets: int = N_BUCKETS) -> tuple[int, ...]:
   return tuple(sorted({-(-d * j // n_buckets) for j in range(1, n_buckets + 1)}))
 
 
-def kept_rows_matmul_xla(x_D: jax.Array, keep_D: jax.Array, Ws: Sequence[jax.Array],
-                         n_buckets: int = N_BUCKETS) -> list[jax.Array]:
-  """x·keep @ W for each W (d, O), reading only ~the kept rows; one token (x_D: (d,))."""
-  d = x_D.shape[0]
+def _by_bucket(keep_D: jax.Array, n_buckets: int, masked, gathered):
+  """lax.switch over the bucket sizes of `keep_D`: masked() where every row is read,
+  else gathered(idx_S, valid_S) with the kept indices padded to the smallest bucket
+  that holds them (valid_S False on the padding)."""
+  d = keep_D.shape[0]
   sizes = bucket_sizes(d, n_buckets)
   count = jnp.sum(keep_D, dtype=jnp.int32)
 
-  def gathered(size):
+  def branch(size):
+    if size == d:  # every row: the masked product reads W in place, with no gathered copy
+      return masked
     def run():
-      if size == d:  # every row: the masked product reads W in place, with no gathered copy
-        return [jnp.where(keep_D, x_D, 0) @ W for W in Ws]
       idx = jnp.nonzero(keep_D, size=size, fill_value=0)[0]
-      x_S = jnp.where(jnp.arange(size) < count, x_D[idx], 0)
-      return [x_S @ W[idx] for W in Ws]
+      return gathered(idx, jnp.arange(size) < count)
     return run
 
-  branch = jnp.searchsorted(jnp.asarray(sizes), count)  # the first size >= count
-  return lax.switch(branch, [gathered(s) for s in sizes])
+  return lax.switch(jnp.searchsorted(jnp.asarray(sizes), count),  # the first size >= count
+                    [branch(s) for s in sizes])
+
+
+def kept_rows_matmul_xla(x_D: jax.Array, keep_D: jax.Array, Ws: Sequence[jax.Array],
+                         n_buckets: int = N_BUCKETS) -> list[jax.Array]:
+  """x·keep @ W for each W (d, O), reading only ~the kept rows; one token (x_D: (d,))."""
+  def gathered(idx_S, valid_S):
+    x_S = jnp.where(valid_S, x_D[idx_S], 0)
+    return [x_S @ W[idx_S] for W in Ws]
+  return _by_bucket(keep_D, n_buckets, lambda: [jnp.where(keep_D, x_D, 0) @ W for W in Ws],
+                    gathered)
 
 
 def kept_rows_matmul(x_D: jax.Array, keep_D: jax.Array, Ws: Sequence[jax.Array],
@@ -63,3 +76,23 @@ def kept_rows_matmul(x_D: jax.Array, keep_D: jax.Array, Ws: Sequence[jax.Array],
   return lax.platform_dependent(
       cpu=lambda: [cpu_kernels.kept_rows(x_D, keep_D.astype(bool), W) for W in Ws],
       default=xla)
+
+
+def kept_dots_xla(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array,
+                  n_buckets: int = N_BUCKETS) -> jax.Array:
+  """y_o = W_o · x where keep_o, else 0, for W stored (O, d): only the kept rows are
+  read (CATS' up projection, stored transposed, for the channels its gate keeps)."""
+  def gathered(idx_S, valid_S):
+    y_S = jnp.where(valid_S, W_OD[idx_S] @ x_D, 0)
+    return jnp.zeros(W_OD.shape[0], y_S.dtype).at[idx_S].add(y_S)  # padding adds 0 to row 0
+  return _by_bucket(keep_O, n_buckets, lambda: jnp.where(keep_O, W_OD @ x_D, 0), gathered)
+
+
+def kept_dots(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array,
+              n_buckets: int = N_BUCKETS) -> jax.Array:
+  """The same, through the CPU kernel where it applies (see the module)."""
+  xla = lambda: kept_dots_xla(x_D, keep_O, W_OD, n_buckets)
+  if x_D.dtype != jnp.float32 or W_OD.dtype != jnp.float32 or not cpu_kernels.available():
+    return xla()
+  return lax.platform_dependent(
+      cpu=lambda: cpu_kernels.kept_dots(x_D, keep_O.astype(bool), W_OD), default=xla)

@@ -1,0 +1,38 @@
+"""CATS-style sparsity for gated MLPs: the gate's activation decides which channels run.
+
+    a = act(x W_gate),   S = {j : |a_j| ≥ t},   u_S = x W_up[:, S],   z = a_S u_S,
+    y = z W_down[S]
+
+W_gate is read whole (it decides S); only the kept columns of W_up and the kept
+rows of W_down are read.  Columns of a (d, O) W are scattered in memory, so the
+fast path reads W_up stored transposed (O, d): its kept rows (`kept_dots`).  The
+down projection reads the rows where z ≠ 0 (`gsi_jax.peers.apply_cats` sets its
+input threshold to the smallest positive float, so the rows skipped are exactly
+those that would add 0).  Threshold 0 keeps every channel: the dense MLP.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from gsi_jax.ops.gate import Gate
+from gsi_jax.ops.sparse_rows import kept_dots
+
+
+def cats_gated_linear(x_BTD: jax.Array, W_gate_DF: jax.Array, W_up_DF: jax.Array,
+                      W_up_FD: jax.Array, threshold: jax.Array,
+                      act: Callable[[jax.Array], jax.Array],
+                      gate: Gate | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(x W_gate, x W_up with the dropped channels zeroed, the kept mask (B, T, F)).
+  W_up_FD is W_up transposed: at batch 1 under gate.batch1_switch only its kept rows
+  are read; elsewhere the masked product reads W_up_DF."""
+  gate_BTF = x_BTD @ W_gate_DF
+  keep_BTF = jnp.abs(act(gate_BTF)) >= threshold
+  if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+    up_BTF = kept_dots(x_BTD.reshape(-1), keep_BTF.reshape(-1), W_up_FD).reshape(1, 1, -1)
+  else:
+    up_BTF = jnp.where(keep_BTF, x_BTD @ W_up_DF, 0)
+  return gate_BTF, up_BTF, keep_BTF
