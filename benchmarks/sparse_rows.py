@@ -12,7 +12,9 @@ y = Σ_{i kept} x_i W_i, one token at a time, for ways of reading only the kept 
            rows is; a fori_loop over the kept blocks adds x_b W_b, each block a dynamic
            slice of W (no gather);
   kernel   `kept_rows_matmul`'s CPU kernel (`gsi_jax.ops.cpu_kernels`, XLA's FFI):
-           each kept row streamed once, in place.
+           each kept row streamed once, in place;
+  dots     the other product of that kernel, `kept_dots`: y_i = W_i · x' for kept i (CATS'
+           up projection, W_up stored transposed), with x' the token tiled to O.
 Dense x @ W runs in the same process on the same copies.  Weights are cache-cold: the
 scan cycles through enough distinct copies of W to exceed --cache_multiple × the
 last-level cache, or --copies.  Byte ideal: d / rows read (kept rows, or kept blocks'
@@ -37,16 +39,17 @@ from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
 _SHAPES = flags.DEFINE_list("shapes", ["576x3072", "1536x576"],
                             "d x O of W (SmolLM2-135M's mlp_in and mlp_out).")
 _KEPT = flags.DEFINE_list("kept", ["0.25", "0.5", "0.75", "1.0"], "Shares of rows kept.")
-_VARIANTS = flags.DEFINE_list("variants", ["masked", "gather", "reduce", "blocks", "kernel"],
+_VARIANTS = flags.DEFINE_list("variants", ["masked", "gather", "reduce", "blocks", "kernel",
+                                           "dots"],
                               "Ways of reading the kept rows.")
 _BLOCK = flags.DEFINE_integer("block", 32, "Rows per block of the blocks variant.")
 _TOKENS = flags.DEFINE_integer("tokens", 256, "Tokens per timed scan.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed scans (best kept).")
 _COPIES = flags.DEFINE_integer("copies", 0, "Distinct copies of W cycled (0: from the cache).")
-_CACHE_MULTIPLE = flags.DEFINE_float("cache_multiple", 1.25,
+_CACHE_MULTIPLE = flags.DEFINE_float("cache_multiple", 4.0,
                                      "With --copies 0: the copies' bytes over the last-level cache.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/sparse_rows.json", "JSON output.")
-VARIANTS = ("masked", "gather", "reduce", "blocks", "kernel")
+VARIANTS = ("masked", "gather", "reduce", "blocks", "kernel", "dots")
 
 
 def reduce_rows(x_D, keep_D, W, n_buckets=8):
@@ -87,6 +90,8 @@ def variant_step(name, block):
     return lambda x, keep, W: kept_rows_matmul_xla(x, keep, [W])[0]
   if name == "kernel":
     return cpu_kernels.kept_rows
+  if name == "dots":
+    return lambda x, keep, W: cpu_kernels.kept_dots(jnp.resize(x, W.shape[1]), keep, W)
   if name == "reduce":
     return reduce_rows
   return lambda x, keep, W: block_rows(x, keep, W, block)
@@ -122,9 +127,9 @@ def main(argv):
   for d, _ in shapes:
     if "blocks" in _VARIANTS.value and d % block:
       raise GSIError(f"--block={block} does not divide d={d}; pick a divisor")
-  if "kernel" in _VARIANTS.value and not cpu_kernels.available():
-    raise GSIError("--variants=kernel: the CPU kernel could not be built (see the warning); "
-                   "install a C++ compiler or leave kernel out")
+  if {"kernel", "dots"} & set(_VARIANTS.value) and not cpu_kernels.available():
+    raise GSIError("--variants kernel and dots: the CPU kernel could not be built (see the "
+                   "warning); install a C++ compiler or leave them out")
   experiment.positive("--tokens", _TOKENS.value)
   experiment.positive("--repeats", _REPEATS.value)
   if _COPIES.value < 0 or not _CACHE_MULTIPLE.value > 0:

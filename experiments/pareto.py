@@ -603,15 +603,19 @@ def plot(records, out):
 
 
 def plot_allocation(records, out):
-  """Per site and layer, the learned method's share (kept inputs, or fast tokens) on
-  held-out text, beside the uniform allocation's at the same target."""
-  learned = [r for r in records if r["method"] in UNIFORM]
-  if not learned:
+  """Per site and layer, each allocated record's share (kept inputs, or fast tokens: learned,
+  or TEAL's greedy) on held-out text, beside the uniform allocation's at the same target."""
+  allocated = [r for r in records if r["method"] in ALLOCATED]
+  if not allocated:
     return
-  fig, axes = plt.subplots(1, len(learned), figsize=(4.2 * len(learned), 3.6), squeeze=False)
-  for ax, r in zip(axes[0], learned):
+  cols = min(4, len(allocated))
+  rows = -(-len(allocated) // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+  for ax in axes.flat[len(allocated):]:
+    ax.axis("off")
+  for ax, r in zip(axes.flat, allocated):
     key = "fast_share_by_layer" if r["method"] == "gsi_learned" else "kept_share_by_layer"
-    uniform = next((u for u in records if u["method"] == UNIFORM[r["method"]]
+    uniform = next((u for u in records if u["method"] == ALLOCATED[r["method"]]
                     and u["knob"] in (r["knob"], r["knob"].split(",")[-1]) and key in u), None)
     layers = P.layers(r[key])
     for i, site in enumerate(P.SITES):
@@ -624,8 +628,8 @@ def plot_allocation(records, out):
     ax.set(title=f"{r['method']} {r['knob']}", xlabel="layer",
            ylabel="kept share" if key.startswith("kept") else "fast share", ylim=(0, 1.02))
   axes[0][0].legend(fontsize=7)
-  fig.suptitle("learned per-site allocation (solid) and uniform (dotted), held-out text",
-               fontsize=9)
+  fig.suptitle("learned or greedy per-site allocation (solid) and uniform (dotted), held-out "
+               "text", fontsize=9)
   experiment.save_figure(fig, out.replace(".json", "_allocation.json"))
 
 

@@ -134,6 +134,8 @@ def apply_cats(model, params, thresholds: dict):
   _check_gated_mlp(model)
   out = params
   for layer, t in thresholds.items():
+    if P.BIAS in params[layer]["mlp_in"]:  # up's bias would make the dropped channels nonzero
+      raise GSIError(f"CATS is not built for MLPs with biases ({layer}/mlp_in has one)")
     up = params[layer]["mlp_in"][P.KERNEL]["up"]
     out = P.with_site(out, layer, "mlp_in", {P.CATS_THRESHOLD: jnp.asarray(t, jnp.float32),
                                              P.CATS_UP_T: up.T})

@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 import gsi_jax
-from gsi_jax import make_gate, metrics, peers
+from gsi_jax import make_gate, metrics, peers, sharding
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
@@ -257,6 +258,10 @@ def test_cats_spans_dense_and_its_fast_path_and_bytes_agree(llama):
     outside = mbytes.other_elements(params) + mbytes.head_elements(params)
     assert mbytes.sparsity_bytes(params, kept, None) == pytest.approx((expected + outside) * 4)
   assert P.CATS_UP_T not in P.site_kernels(params)["layer_0"]["mlp_in"]  # not a map of its own
+  # On a mesh, W_up transposed splits along its rows as W_up does along its columns.
+  specs = sharding.partition_specs(params, 2)["layer_0"]["mlp_in"]
+  assert specs[P.CATS_UP_T] == PartitionSpec(sharding.AXIS, None)
+  assert specs[P.KERNEL]["up"] == PartitionSpec(None, sharding.AXIS)
 
 
 def test_cats_needs_a_gated_mlp(tiny_folder):

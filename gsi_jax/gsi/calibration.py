@@ -271,7 +271,8 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
     logging.info("calibration resumes after %d of %d layers from %s", done,
                  len(layer_names), store.path)
   else:
-    x_NTD = jnp.concatenate([embed_windows(model.module, params, jnp.asarray(ids[i:i + batch_size]))
+    x_NTD = jnp.concatenate([embed_windows(model.module, params,
+                                           jnp.asarray(ids[i:i + batch_size]))
                              for i in range(0, len(ids), batch_size)])
   block = Block(model.config, model.dtype)
   # Every block has the same sites and widths: trace one once.

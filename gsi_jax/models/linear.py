@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
 from gsi_jax.models.activations import activation as apply_activation
-from gsi_jax.ops import (Gate, GatedWeights, cats_gated_linear, gated_linear, kept_rows_matmul,
-                         residual_sparse_linear, soft_keep, straight_through)
+from gsi_jax.ops import (Gate, GatedWeights, cats_gated_linear, gated_linear, kept_product,
+                         magnitude_keep, residual_sparse_linear)
 
 
 def add_bias(y_BTO: jax.Array, b_O: jax.Array) -> jax.Array:
@@ -57,23 +57,12 @@ class LinearSite(nn.Module):
   def _sparse(self, x_BTD, threshold, Ws, gate: Gate | None, factors=None):
     """Magnitude sparsity: the inputs below the threshold are dropped, or with
     factors [(A, B)] per map (R-Sparse) they go through the low-rank x A B instead."""
-    keep_BTD = jnp.abs(x_BTD) >= threshold
-    if gate is not None and gate.mode == "soft":
-      keep_BTD = straight_through(keep_BTD, soft_keep(x_BTD, threshold))
-      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1))
-      kept_BTD, dropped_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype), \
-          x_BTD * (1 - keep_BTD).astype(x_BTD.dtype)
-      ys = [kept_BTD @ W for W in Ws]
-    else:
-      self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
-      dropped_BTD = jnp.where(keep_BTD, 0, x_BTD)
-      if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
-        ys = [y.reshape(1, 1, -1)
-              for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
-      else:
-        ys = [jnp.where(keep_BTD, x_BTD, 0) @ W for W in Ws]
+    keep_BTD = magnitude_keep(x_BTD, threshold, gate)
+    self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
+    ys = kept_product(x_BTD, keep_BTD, Ws, gate)
     if factors is None:
       return ys
+    dropped_BTD = x_BTD - x_BTD * keep_BTD.astype(x_BTD.dtype)
     return [y + (dropped_BTD @ A) @ B for y, (A, B) in zip(ys, factors)]
 
   @nn.compact

@@ -10,10 +10,11 @@ from gsi_jax.ops.gate import (IMPLS, MODES, Gate, check_threshold, gate_mask, la
 from gsi_jax.ops.gated_linear import GatedWeights, dense_matmul, gated_linear
 from gsi_jax.ops.kernel import gated_matmul, gated_matmul_on, gated_matmul_reference
 from gsi_jax.ops.residual import residual_sparse_linear, subspace_residual
-from gsi_jax.ops.sparse_rows import kept_dots, kept_rows_matmul
+from gsi_jax.ops.sparse_rows import kept_dots, kept_product, kept_rows_matmul, magnitude_keep
 
 __all__ = ["IMPLS", "MODES", "Gate", "GatedWeights", "cats_gated_linear", "check_threshold",
            "dense_matmul", "gate_mask", "gated_linear", "gated_matmul", "gated_matmul_on",
-           "gated_matmul_reference", "kept_dots", "kept_rows_matmul", "ladder_ranks",
-           "make_gate", "output_gate_mask", "residual_energy", "residual_sparse_linear",
-           "soft_fast", "soft_keep", "straight_through", "subspace_residual"]
+           "gated_matmul_reference", "kept_dots", "kept_product", "kept_rows_matmul",
+           "ladder_ranks", "magnitude_keep", "make_gate", "output_gate_mask", "residual_energy",
+           "residual_sparse_linear", "soft_fast", "soft_keep", "straight_through",
+           "subspace_residual"]

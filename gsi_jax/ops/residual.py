@@ -18,8 +18,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from gsi_jax.ops.gate import Gate, soft_keep, straight_through
-from gsi_jax.ops.sparse_rows import kept_rows_matmul
+from gsi_jax.ops.gate import Gate
+from gsi_jax.ops.sparse_rows import kept_product, magnitude_keep
 
 
 def subspace_residual(x_BTD: jax.Array, V_DK: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -34,13 +34,6 @@ def residual_sparse_linear(x_BTD: jax.Array, V_DK: jax.Array, Ms: Sequence[jax.A
   """Outputs per map and the kept mask (B, T, d) of the residual (a float in mode
   "soft": the hard mask forward, `soft_keep`'s gradient backward)."""
   g_BTK, r_BTD = subspace_residual(x_BTD, V_DK)
-  keep_BTD = jnp.abs(r_BTD) >= threshold
-  if gate is not None and gate.mode == "soft":
-    keep_BTD = straight_through(keep_BTD, soft_keep(r_BTD, threshold))
-    return [g_BTK @ M + (r_BTD * keep_BTD.astype(r_BTD.dtype)) @ W
-            for M, W in zip(Ms, Ws)], keep_BTD
-  if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
-    sparse = kept_rows_matmul(r_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)
-    return [(g_BTK @ M) + y.reshape(1, 1, -1) for M, y in zip(Ms, sparse)], keep_BTD
-  r_BTD = jnp.where(keep_BTD, r_BTD, 0)
-  return [g_BTK @ M + r_BTD @ W for M, W in zip(Ms, Ws)], keep_BTD
+  keep_BTD = magnitude_keep(r_BTD, threshold, gate)
+  sparse = kept_product(r_BTD, keep_BTD, Ws, gate)
+  return [g_BTK @ M + y for M, y in zip(Ms, sparse)], keep_BTD

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from gsi_jax.ops import cpu_kernels
+from gsi_jax.ops.gate import Gate, soft_keep, straight_through
 
 N_BUCKETS = 8
 
@@ -96,3 +97,27 @@ def kept_dots(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array,
     return xla()
   return lax.platform_dependent(
       cpu=lambda: cpu_kernels.kept_dots(x_D, keep_O.astype(bool), W_OD), default=xla)
+
+
+def magnitude_keep(x_BTD: jax.Array, threshold, gate: Gate | None) -> jax.Array:
+  """|x| ≥ t: a bool mask, or in gate mode "soft" a float one (the hard mask forward,
+  `soft_keep`'s gradient backward, so learning sees the hard model)."""
+  keep_BTD = jnp.abs(x_BTD) >= threshold
+  if gate is not None and gate.mode == "soft":
+    return straight_through(keep_BTD, soft_keep(x_BTD, threshold))
+  return keep_BTD
+
+
+def kept_product(x_BTD: jax.Array, keep_BTD: jax.Array, Ws: Sequence[jax.Array],
+                 gate: Gate | None) -> list[jax.Array]:
+  """x·keep @ W for each W, with the mask from `magnitude_keep`: at one token under
+  gate.batch1_switch only the kept rows are read (`kept_rows_matmul`); a soft mask
+  multiplies, so its gradient flows."""
+  if keep_BTD.dtype != jnp.bool_:
+    kept_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype)
+    return [kept_BTD @ W for W in Ws]
+  if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+    return [y.reshape(1, 1, -1)
+            for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
+  kept_BTD = jnp.where(keep_BTD, x_BTD, 0)
+  return [kept_BTD @ W for W in Ws]
