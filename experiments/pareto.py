@@ -17,8 +17,8 @@ kept inputs exact, dropped ones through a rank-r SVD of W: --rsparse_ranks ×
 |act(x W_gate)| skip their columns of W_up and rows of W_down; --cats_sparsity,
 the share of channels dropped), and sparsity_greedy (TEAL's block-wise greedy
 per-site levels, `gsi_jax.greedy_sparsity`, at --greedy_sparsity: the baseline
-that learned allocations must beat).  With --learned, also sparsity_learned, gsi_learned and
-residual_learned: per-site thresholds or ε learned with optax
+that learned allocations must beat).  With --learned, also sparsity_learned,
+gsi_learned and residual_learned: per-site thresholds or ε learned with optax
 (`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text;
 where the learned allocation scores worse than the uniform one on calibration
 text, the uniform one is kept and the record says so (fallback).
@@ -172,8 +172,8 @@ class ParetoConfig:
     return greedy_sparsity.GreedyConfig(step=self.greedy_step, windows=self.greedy_windows)
 
   def check_model(self, model):
-    """CATS needs a gated MLP: asked for by name elsewhere, that is an error; in a
-    sweep of every method it is skipped."""
+    """CATS needs a gated MLP: named in --methods on a model without one, that is an
+    error; in a sweep of every method it is skipped."""
     if not model.config.gated_mlp and "cats" in self.methods:
       raise GSIError(f"--methods cats needs a gated MLP (gate and up projections); "
                      f"{model.config.name} has none: drop cats from --methods")
