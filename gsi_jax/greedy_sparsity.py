@@ -53,33 +53,43 @@ def block_error(y_BTD: np.ndarray, dense_BTD: np.ndarray, last_fraction: float) 
 
 
 def _layer_path(layer_params, x_BTD, block, targets_max: float, config: GreedyConfig):
-  """[(weighted sparsity, {site: sparsity}, error)] of one layer, and its dense output."""
+  """[(weighted sparsity, {site: sparsity}, {site: threshold})] of one layer, and its
+  dense output."""
   dense_BTD, inputs = calibration.layer_forward(layer_params, x_BTD, block)
   dense_BTD = np.asarray(dense_BTD)
   magnitudes = {site: np.abs(np.asarray(x, np.float32)).ravel() for site, x in inputs.items()}
   sizes = {site: sum(W.size for W in layer_params[site][P.KERNEL].values()) for site in inputs}
   total = sum(sizes.values())
   increment = {site: config.step * total / size for site, size in sizes.items()}
+  quantiles = {}  # (site, steps taken) -> threshold: each level is asked for many times
 
-  def run(levels):
+  def threshold(site, steps):
+    if (site, steps) not in quantiles:
+      quantiles[site, steps] = float(np.quantile(magnitudes[site], steps * increment[site]))
+    return quantiles[site, steps]
+
+  def error(steps):
     with_t = {**layer_params, **{site: {**layer_params[site], P.THRESHOLD: jnp.float32(
-        np.quantile(magnitudes[site], s))} for site, s in levels.items()}}
+        threshold(site, n))} for site, n in steps.items()}}
     y_BTD, _ = calibration.layer_forward(with_t, x_BTD, block)
     return block_error(np.asarray(y_BTD), dense_BTD, config.last_fraction)
 
-  levels = {site: 0.0 for site in sizes}
-  weighted = lambda lv: sum(lv[s] * sizes[s] for s in sizes) / total
-  path = [(0.0, dict(levels), 0.0)]
-  while weighted(levels) < targets_max - 1e-9:
+  def point(steps):
+    levels = {site: n * increment[site] for site, n in steps.items()}
+    return (sum(levels[s] * sizes[s] for s in sizes) / total, levels,
+            {site: threshold(site, n) for site, n in steps.items()})
+
+  steps = {site: 0 for site in sizes}
+  path = [point(steps)]
+  while path[-1][0] < targets_max - 1e-9:
     options = [site for site in sizes
-               if levels[site] + increment[site] <= config.max_site_sparsity]
+               if (steps[site] + 1) * increment[site] <= config.max_site_sparsity]
     if not options:
       break
-    errors = {site: run({**levels, site: levels[site] + increment[site]}) for site in options}
-    best = min(errors, key=errors.get)
-    levels[best] += increment[best]
-    path.append((weighted(levels), dict(levels), errors[best]))
-  return path, dense_BTD, magnitudes
+    errors = {site: error({**steps, site: steps[site] + 1}) for site in options}
+    steps[min(errors, key=errors.get)] += 1
+    path.append(point(steps))
+  return path, dense_BTD
 
 
 def greedy_allocation(model, params, windows_NT: np.ndarray, targets: Sequence[float],
@@ -96,12 +106,10 @@ def greedy_allocation(model, params, windows_NT: np.ndarray, targets: Sequence[f
   start = time.time()
   layers = P.layers(P.site_kernels(params))
   for i, layer in enumerate(layers):
-    path, x_next, magnitudes = _layer_path(params[layer], x_BTD, block, max(targets), config)
+    path, x_next = _layer_path(params[layer], x_BTD, block, max(targets), config)
     for t in targets:
-      point = next((lv for w, lv, _ in path if w >= t - 1e-9), path[-1][1])
-      levels[t][layer] = point
-      thresholds[t][layer] = {site: float(np.quantile(magnitudes[site], s))
-                              for site, s in point.items()}
+      _, levels[t][layer], thresholds[t][layer] = next(
+          (p for p in path if p[0] >= t - 1e-9), path[-1])
     x_BTD = jnp.asarray(x_next)  # TEAL: every layer's inputs are the dense model's
     if progress:
       logging.info("greedy sparsity %s (%d/%d): %d steps, %.0f s", layer, i + 1, len(layers),

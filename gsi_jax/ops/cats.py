@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.ops.gate import Gate
-from gsi_jax.ops.sparse_rows import kept_dots
+from gsi_jax.ops.sparse_rows import kept_dots, reads_kept_rows
 
 
 def cats_gated_linear(x_BTD: jax.Array, W_gate_DF: jax.Array, W_up_DF: jax.Array,
@@ -31,7 +31,7 @@ def cats_gated_linear(x_BTD: jax.Array, W_gate_DF: jax.Array, W_up_DF: jax.Array
   are read; elsewhere the masked product reads W_up_DF."""
   gate_BTF = x_BTD @ W_gate_DF
   keep_BTF = jnp.abs(act(gate_BTF)) >= threshold
-  if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+  if reads_kept_rows(x_BTD, gate):
     up_BTF = kept_dots(x_BTD.reshape(-1), keep_BTF.reshape(-1), W_up_FD).reshape(1, 1, -1)
   else:
     up_BTF = jnp.where(keep_BTF, x_BTD @ W_up_DF, 0)

@@ -99,6 +99,12 @@ def kept_dots(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array,
       cpu=lambda: cpu_kernels.kept_dots(x_D, keep_O.astype(bool), W_OD), default=xla)
 
 
+def reads_kept_rows(x_BTD: jax.Array, gate: Gate | None) -> bool:
+  """Whether a sparse product reads only its kept rows: one token, under batch1_switch
+  (elsewhere the masked product is the cheaper program)."""
+  return gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1)
+
+
 def magnitude_keep(x_BTD: jax.Array, threshold, gate: Gate | None) -> jax.Array:
   """|x| ≥ t: a bool mask, or in gate mode "soft" a float one (the hard mask forward,
   `soft_keep`'s gradient backward, so learning sees the hard model)."""
@@ -116,7 +122,7 @@ def kept_product(x_BTD: jax.Array, keep_BTD: jax.Array, Ws: Sequence[jax.Array],
   if keep_BTD.dtype != jnp.bool_:
     kept_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype)
     return [kept_BTD @ W for W in Ws]
-  if gate is not None and gate.batch1_switch and x_BTD.shape[:-1] == (1, 1):
+  if reads_kept_rows(x_BTD, gate):
     return [y.reshape(1, 1, -1)
             for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
   kept_BTD = jnp.where(keep_BTD, x_BTD, 0)
