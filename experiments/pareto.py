@@ -26,7 +26,8 @@ text, the uniform one is kept and the record says so (fallback).
 method reads per decoded token, the LM head and embeddings included
 (`gsi_jax.metrics.bytes`).  Every record also decodes at batch 1 through
 its fast path (the batch-1 switch, kept rows only, two thin maps) for
-tokens/s, beside dense decode in the same run.  One sweep per method.
+tokens/s, beside dense decode timed in alternation with it: its
+measured_speedup is against that dense figure.  One sweep per method.
 """
 
 import dataclasses
@@ -39,7 +40,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import allocation, cli, experiment, greedy_sparsity, metrics, peers
-from gsi_jax.benchmarking import decode_tokens_per_s
+from gsi_jax.benchmarking import decode_tokens_per_s, paired_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.gsi import calibration
@@ -89,12 +90,12 @@ METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", 
            "larosa", "residual", "rsparse", "cats", "sparsity_greedy", "sparsity_learned",
            "gsi_learned", "residual_learned")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
-                "bytes_fraction", "tokens_per_s"]
+                "bytes_fraction", "tokens_per_s", "dense_tokens_per_s"]
 UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual"}
 # Records that gain the uniform method's perplexity ratio at their bytes.
 ALLOCATED = {**UNIFORM, "sparsity_greedy": "sparsity"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
-           "generations_identical", "tokens_per_s", "measured_speedup"]
+           "generations_identical", "tokens_per_s", "dense_tokens_per_s", "measured_speedup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +233,7 @@ def batch1(gate):
 
 class Evaluator:
   """Scores a parameter tree on the held-out text and greedy generations, against
-  dense, and times its batch-1 decode against dense decode timed in the same run.
+  dense, and times its batch-1 decode in alternation with dense decode.
 
   Generations run through the fast paths (`batch1`), which decode the same tokens
   as the masked evaluation paths (tests/test_fast_paths.py); the timed decode of
@@ -251,13 +252,26 @@ class Evaluator:
     return np.asarray(self.model.generate(params, self.model.encode(prompt)[None],
                                           self.s.config.max_new_tokens, gate))
 
+  def _timed_ids(self):
+    return self.model.encode(self.s.config.prompts[0])[None]
+
   def tokens_per_s(self, params, gate):
     """(tokens/s, compile s) of batch-1 greedy decode; (None, None) without timing."""
     if not self.c.speed_repeats:
       return None, None
-    ids = self.model.encode(self.s.config.prompts[0])[None]
-    return decode_tokens_per_s(self.model, params, ids, self.s.config.max_new_tokens,
-                               self.c.speed_repeats, gate)
+    return decode_tokens_per_s(self.model, params, self._timed_ids(),
+                               self.s.config.max_new_tokens, self.c.speed_repeats, gate)
+
+  def beside_dense(self, params, gate):
+    """((tokens/s, compile s) of params, dense tokens/s), dense timed in alternation with
+    it (a drift of the machine's speed over the run then cancels in their ratio); None
+    without timing."""
+    if not self.c.speed_repeats:
+      return None
+    (tps, compile_s), (dense_tps, _) = paired_tokens_per_s(
+        self.model, self._timed_ids(), self.s.config.max_new_tokens, self.c.speed_repeats,
+        [(params, gate), (self.model.params, None)])
+    return tps, compile_s, dense_tps
 
   def calib_nll(self, params, gate, windows: int = 8) -> float:
     """Mean next-token NLL on the first calibration windows (where budgets are set)."""
@@ -276,21 +290,23 @@ class Evaluator:
     bytes_per_token = bytes_of(scores)
     same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
                for p, g in self.dense_gen.items())
-    tps, compile_s = self.tokens_per_s(params, batch1(gate))
+    timed = self.beside_dense(params, batch1(gate))
     rec = {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
            "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
            "head_fast_share": scores["head_fast_share"],
            "generations_identical": int(same), "prompts": len(self.dense_gen)}
-    if tps is not None:
-      rec.update(tokens_per_s=tps, measured_speedup=tps / self.dense_tokens_per_s,
-                 compile_s=compile_s)
+    if timed is not None:
+      tps, compile_s, dense_tps = timed
+      rec.update(tokens_per_s=tps, dense_tokens_per_s=dense_tps,
+                 measured_speedup=tps / dense_tps, compile_s=compile_s)
     if extra.pop("shares", False):
       rec.update(fast_share_by_layer=scores["fast_share_by_layer"],
                  kept_share_by_layer=scores["kept_share_by_layer"])
     rec.update(extra)
     logging.info("%s %s: bytes %.3f, ppl ratio %.4f%s", method, knob, rec["bytes_fraction"],
-                 q["ppl_ratio"], "" if tps is None else f", {tps:.1f} tokens/s")
+                 q["ppl_ratio"], "" if timed is None else
+                 f", {timed[0]:.1f} tokens/s (dense beside it {timed[2]:.1f})")
     return rec
 
 
@@ -513,13 +529,15 @@ def matched_uniform(records):
 
 
 def best_measured(records) -> list[dict]:
-  """Per perplexity-ratio limit, the record with the highest measured speedup."""
+  """Per perplexity-ratio limit, the record with the highest measured speedup (records
+  written before dense was timed beside each one have no dense_tokens_per_s)."""
   rows = []
   for limit in PPL_LIMITS:
     ok = [r for r in records if r["ppl_ratio"] <= limit and "measured_speedup" in r]
     best = max(ok, key=lambda r: r["measured_speedup"], default=None)
     rows.append({"ppl_ratio_limit": limit,
-                 **({} if best is None else {key: best[key] for key in BEST_COLUMNS[1:]})})
+                 **({} if best is None else
+                    {key: best[key] for key in BEST_COLUMNS[1:] if key in best})})
   return rows
 
 
@@ -570,7 +588,9 @@ def pareto(c: ParetoConfig):
       row[f"{method}_ppl_ratio"] = frontier_at(mine, budget, "ppl_ratio")
       row[f"{method}_top1"] = frontier_at(mine, budget, "top1_agreement")
     budgets.append(row)
+  beside = [r["dense_tokens_per_s"] for r in records if "dense_tokens_per_s" in r]
   speed = {"dense_tokens_per_s": ev.dense_tokens_per_s, "dense_tokens_per_s_end": dense_end,
+           "dense_tokens_per_s_beside": [min(beside), max(beside)] if beside else None,
            "best_measured": best_measured(records)}
   return s, ev, records, budgets, speed
 

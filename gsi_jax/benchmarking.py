@@ -20,23 +20,33 @@ from gsi_jax.errors import GSIError
 
 
 def best_time(fn, repeats: int) -> float:
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return min(times)
+  return min(_seconds(fn) for _ in range(repeats))
 
 
 def decode_tokens_per_s(model, params, ids, n: int, repeats: int, gate=None):
   """Tokens/s over exactly n new tokens (no stop at end-of-sequence), and compile time."""
+  return paired_tokens_per_s(model, ids, n, repeats, [(params, gate)])[0]
+
+
+def paired_tokens_per_s(model, ids, n: int, repeats: int, runs):
+  """(tokens/s, compile s) of each (params, gate) in runs, each compiled first and then
+  timed in alternation, best of `repeats` rounds that decode each once: a drift in the
+  machine's speed reaches every run of a round alike (dense beside a method, say)."""
   if int(n) < 1:
     raise GSIError(f"new tokens must be >= 1, got {n}")
-  run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
+  if int(repeats) < 1:
+    raise GSIError(f"timed repeats must be >= 1, got {repeats}")
+  decodes = [lambda p=p, g=g: jax.block_until_ready(
+      model.generate(p, ids, n, g, stop_at_eos=False)) for p, g in runs]
+  compile_s = [_seconds(decode) for decode in decodes]
+  rounds = [[_seconds(decode) for decode in decodes] for _ in range(repeats)]
+  return [(n / min(times), c) for times, c in zip(zip(*rounds), compile_s)]
+
+
+def _seconds(fn) -> float:
   t0 = time.perf_counter()
-  run()
-  compile_s = time.perf_counter() - t0
-  return n / best_time(run, repeats), compile_s
+  fn()
+  return time.perf_counter() - t0
 
 
 def last_level_cache_bytes() -> int:

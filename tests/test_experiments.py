@@ -128,7 +128,8 @@ def check_pareto(records):
   assert {r["method"] for r in records} == set(_MODULES["pareto"].METHODS) - {"cats"}
   for r in records:
     assert r["bytes_per_token"] > 0 and share(r["top1_agreement"]) and share(r["fast_share"])
-    assert r["tokens_per_s"] > 0 and r["measured_speedup"] > 0
+    assert r["tokens_per_s"] > 0 and r["dense_tokens_per_s"] > 0  # dense timed beside it
+    assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
     if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned"):

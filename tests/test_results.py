@@ -174,3 +174,26 @@ def test_pareto_allocations_and_targets(pareto):
   cats_all = next(r for r in by("cats") if r["knob"] == "target=0.0")
   assert cats_all["ppl_ratio"] == pytest.approx(1.0, abs=1e-6)
   assert round(cats_all["measured_speedup"], 2) == 0.90
+
+
+def test_pareto_paired_times_dense_beside_every_record(pareto):
+  """RESULTS §15: dense drifted 22.9-35.1 tokens/s within the run; beside it, sparsity at
+  target 0.25 (ppl x1.025) is 1.12x dense, every row kept 0.95x, CATS every channel 0.79x."""
+  result = load("pareto_paired.json")
+  records, config = result["records"], result["config"]
+  check_pareto_summaries(pareto, result)
+  beside = [r["dense_tokens_per_s"] for r in records]
+  assert config["dense_tokens_per_s_beside"] == [min(beside), max(beside)]
+  assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [22.9, 35.1]
+  for r in records:
+    assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
+  by = {(r["method"], r["knob"]): r for r in records}
+  best = config["best_measured"][1]
+  assert (best["method"], best["knob"]) == ("sparsity", "target=0.25")
+  assert round(best["measured_speedup"], 2) == 1.12 and best["ppl_ratio"] <= 1.05
+  assert not any(r["ppl_ratio"] <= 1.05 and r["measured_speedup"] >= 1.15 for r in records)
+  assert round(by["sparsity", "target=0.0"]["measured_speedup"], 2) == 0.95
+  assert round(by["cats", "target=0.0"]["measured_speedup"], 2) == 0.79
+  kept_rows = [r for r in records if r["method"] != "cats" and r["bytes_fraction"] < 0.999]
+  of_ideal = [r["measured_speedup"] * r["bytes_fraction"] for r in kept_rows]
+  assert (round(min(of_ideal), 2), round(max(of_ideal), 2)) == (0.73, 0.98)
