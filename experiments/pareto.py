@@ -19,7 +19,9 @@ the share of channels dropped), and sparsity_greedy (TEAL's block-wise greedy
 per-site levels, `gsi_jax.greedy_sparsity`, at --greedy_sparsity: the baseline
 that learned allocations must beat).  With --learned, also sparsity_learned,
 gsi_learned and residual_learned: per-site thresholds or ε learned with optax
-(`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text;
+(`gsi_jax.allocation`) at the uniform allocation's bytes on calibration text,
+and residual_rank_learned: the residual's rank per site (up to
+--learned_rank_max, from the nested bases) learned jointly with its threshold;
 where the learned allocation scores worse than the uniform one on calibration
 text, the uniform one is kept and the record says so (fallback).
 --methods runs a subset of the sweeps.  Bytes count every weight each
@@ -70,7 +72,10 @@ flags.DEFINE_list("greedy_sparsity", ["0.4", "0.5", "0.6"],
                   "Layer sparsity targets of TEAL's greedy allocation, in (0, 1).")
 flags.DEFINE_float("greedy_step", 0.02, "Layer sparsity added per greedy step.")
 flags.DEFINE_integer("greedy_windows", 2, "Calibration windows the greedy block errors use.")
-flags.DEFINE_integer("learned_residual_k", 32, "Rank of the learned sparse residual.")
+flags.DEFINE_integer("learned_residual_k", 32, "Rank of the learned sparse residual (where "
+                     "residual_rank_learned's ranks start).")
+flags.DEFINE_integer("learned_rank_max", 64, "Largest rank residual_rank_learned may give a "
+                     "site.")
 flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
                      "timing); each decodes --max_new_tokens from the first prompt.")
 flags.DEFINE_bool("learned", False, "Also learn per-site budgets with optax.")
@@ -88,10 +93,11 @@ BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
 METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
            "larosa", "residual", "rsparse", "cats", "sparsity_greedy", "sparsity_learned",
-           "gsi_learned", "residual_learned")
+           "gsi_learned", "residual_learned", "residual_rank_learned")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
                 "bytes_fraction", "tokens_per_s", "dense_tokens_per_s"]
-UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual"}
+UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual",
+           "residual_rank_learned": "residual"}
 # Records that gain the uniform method's perplexity ratio at their bytes.
 ALLOCATED = {**UNIFORM, "sparsity_greedy": "sparsity"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
@@ -117,6 +123,7 @@ class ParetoConfig:
   greedy_step: float
   greedy_windows: int
   learned_residual_k: int
+  learned_rank_max: int
   methods: tuple[str, ...]
   speed_repeats: int
   learned: bool
@@ -152,10 +159,16 @@ class ParetoConfig:
         raise GSIError(f"--{name} must be positive, got {list(getattr(self, name))}")
     if self.learned_residual_k < 1:
       raise GSIError(f"--learned_residual_k must be positive, got {self.learned_residual_k}")
-    ranks = self.residual_k + ((self.learned_residual_k,) if self.runs("residual_learned") else ())
+    if self.runs("residual_rank_learned") and not (
+        self.learned_residual_k <= self.learned_rank_max):
+      raise GSIError(f"--learned_rank_max ({self.learned_rank_max}) must be at least "
+                     f"--learned_residual_k ({self.learned_residual_k}), where ranks start")
+    ranks = self.residual_k + ((self.learned_residual_k,) if self.runs("residual_learned") else ()) \
+        + ((self.learned_rank_max,) if self.runs("residual_rank_learned") else ())
     if self.runs("residual") and max(ranks) > self.base.k_max:
-      raise GSIError(f"--residual_k and --learned_residual_k (up to {max(ranks)}) need bases of "
-                     f"at least that rank; the largest --k is {self.base.k_max}")
+      raise GSIError(f"--residual_k, --learned_residual_k and --learned_rank_max (up to "
+                     f"{max(ranks)}) need bases of at least that rank; the largest --k is "
+                     f"{self.base.k_max}")
     unknown = set(self.methods) - set(METHODS)
     if unknown:
       raise GSIError(f"--methods: unknown {sorted(unknown)}; choose from {', '.join(METHODS)}")
@@ -203,7 +216,8 @@ def config_from_flags() -> ParetoConfig:
       cats_sparsity=cli.numbers("cats_sparsity", FLAGS.cats_sparsity, float),
       greedy_sparsity=cli.numbers("greedy_sparsity", FLAGS.greedy_sparsity, float),
       greedy_step=FLAGS.greedy_step, greedy_windows=FLAGS.greedy_windows,
-      learned_residual_k=FLAGS.learned_residual_k, methods=tuple(FLAGS.methods),
+      learned_residual_k=FLAGS.learned_residual_k, learned_rank_max=FLAGS.learned_rank_max,
+      methods=tuple(FLAGS.methods),
       speed_repeats=FLAGS.speed_repeats,
       learned=FLAGS.learned,
       learned_sparsity=cli.numbers("learned_sparsity", FLAGS.learned_sparsity, float),
@@ -404,20 +418,23 @@ def sweep_head(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
   return records
 
 
-def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebuild, gate,
-                   bytes_of):
-  """Learn `knob` per site from `init`, scale the allocation to the uniform one's bytes
-  on calibration text, and evaluate it hard.  rebuild(values) -> params.
+def learned_record(ev, c: ParetoConfig, method, target, params, init, rebuild, gate, bytes_of):
+  """Learn init's knobs ({knob: {layer: {site: value}}}) per site, scale the knob (not
+  RANK) to the uniform allocation's bytes on calibration text, and evaluate it hard.
+  rebuild(values) -> params.
 
   Where the learned allocation's calibration NLL is above the uniform one's (the
   same windows that set the budget), the uniform allocation is kept: fallback."""
+  knob = next(k for k in init if k != allocation.RANK)
   uniform = rebuild(init)
   budget = ev.calib_bytes_fraction(uniform, gate, bytes_of(uniform))
   learned, history = allocation.learn_allocation(
-      ev.model, params, knob, init, ev.s.calib.ids,
+      ev.model, params, init, ev.s.calib.ids,
       allocation.AllocationConfig(budget=budget, lam=c.learned_lambda, steps=c.learned_steps))
-  matched = allocation.scale_to_budget(
-      learned, lambda v: ev.calib_bytes_fraction(rebuild(v), gate, bytes_of(rebuild(v))), budget)
+  with_knob = lambda v: rebuild({**learned, knob: v})
+  matched = {**learned, knob: allocation.scale_to_budget(
+      learned[knob], lambda v: ev.calib_bytes_fraction(with_knob(v), gate,
+                                                       bytes_of(with_knob(v))), budget)}
   nll_learned, nll_uniform = ev.calib_nll(rebuild(matched), gate), ev.calib_nll(uniform, gate)
   fallback = nll_learned > nll_uniform
   if fallback:
@@ -425,41 +442,59 @@ def learned_record(ev, c: ParetoConfig, method, knob, target, params, init, rebu
                  target, nll_learned, nll_uniform)
   chosen = init if fallback else matched
   final = rebuild(chosen)
+  ranks = {} if allocation.RANK not in chosen else {"ranks": {
+      layer: {site: int(final[layer][site][P.V].shape[1]) for site in sites}
+      for layer, sites in chosen[allocation.RANK].items()}}
   return ev.record(method, target, final, gate, bytes_of(final), shares=True,
-                   allocation=chosen, calib_bytes_fraction_uniform=budget, learning=history,
-                   fallback=bool(fallback), calib_nll_learned=nll_learned,
+                   allocation=chosen[knob], **ranks, calib_bytes_fraction_uniform=budget,
+                   learning=history, fallback=bool(fallback), calib_nll_learned=nll_learned,
                    calib_nll_uniform=nll_uniform)
 
 
 def sweep_learned(ev, c: ParetoConfig, thresholds: dict) -> list[dict]:
-  """Learned per-site sparsity levels, learned per-site ε at the largest k, and learned
-  per-site residual thresholds at --learned_residual_k."""
+  """Learned per-site sparsity levels, learned per-site ε at the largest k, learned
+  per-site residual thresholds at --learned_residual_k, and those thresholds learned
+  with the residual's rank per site (from --learned_residual_k, up to --learned_rank_max)."""
   base = ev.model.params
   records = []
   if c.runs("sparsity_learned"):
-    records += [learned_record(ev, c, "sparsity_learned", P.THRESHOLD, f"target={sp}", base,
-                               allocation.floored(thresholds[sp]),
-                               lambda v: peers.apply_sparsity(base, v), None, sparse_bytes)
+    rebuild = lambda v: peers.apply_sparsity(base, v[P.THRESHOLD])
+    records += [learned_record(ev, c, "sparsity_learned", f"target={sp}", base,
+                               {P.THRESHOLD: allocation.floored(thresholds[sp])}, rebuild, None,
+                               sparse_bytes)
                 for sp in c.learned_sparsity]
     release_executables()
   if c.runs("gsi_learned"):
     k = max(c.base.k)
     gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
-    rebuild = lambda v: P.with_site_values(gsi_params, P.EPS, v)
+    rebuild = lambda v: P.with_site_values(gsi_params, P.EPS, v[P.EPS])
     gate = gsi_jax.make_gate(0.0, impl=c.base.impl)  # every site's own ε overrides it
     for eps in c.learned_eps:
-      init = P.per_site(base, eps)
-      records.append(learned_record(ev, c, "gsi_learned", P.EPS, f"k={k},eps={eps}", gsi_params,
-                                    init, rebuild, gate, gated_bytes))
+      records.append(learned_record(ev, c, "gsi_learned", f"k={k},eps={eps}", gsi_params,
+                                    {P.EPS: P.per_site(base, eps)}, rebuild, gate, gated_bytes))
     release_executables()
-  if c.runs("residual_learned"):
-    k = c.learned_residual_k
+  k = c.learned_residual_k
+  if c.runs("residual_learned") or c.runs("residual_rank_learned"):
     gsi_params = gsi_jax.apply_gsi(base, ev.s.bases, k)
-    rebuild = lambda v: gsi_jax.apply_residual_sparsity(gsi_params, v)
-    for sp, t in uniform_thresholds(ev, gsi_params, c.learned_sparsity).items():
-      records.append(learned_record(ev, c, "residual_learned", P.RESIDUAL_THRESHOLD,
-                                    f"k={k},target={sp}", gsi_params, allocation.floored(t),
-                                    rebuild, None, sparse_bytes))
+    residual_init = {sp: allocation.floored(t)
+                     for sp, t in uniform_thresholds(ev, gsi_params, c.learned_sparsity).items()}
+  if c.runs("residual_learned"):
+    rebuild = lambda v: gsi_jax.apply_residual_sparsity(gsi_params, v[P.RESIDUAL_THRESHOLD])
+    for sp, t in residual_init.items():
+      records.append(learned_record(ev, c, "residual_learned", f"k={k},target={sp}", gsi_params,
+                                    {P.RESIDUAL_THRESHOLD: t}, rebuild, None, sparse_bytes))
+    release_executables()
+  if c.runs("residual_rank_learned"):
+    k_max = c.learned_rank_max
+    wide = gsi_jax.apply_gsi(base, ev.s.bases, k_max)
+    rebuild = lambda v: gsi_jax.apply_residual_sparsity(
+        gsi_jax.truncate_ranks(wide, allocation.kept_ranks(wide, v[allocation.RANK])),
+        v[P.RESIDUAL_THRESHOLD])
+    for sp, t in residual_init.items():
+      init = {P.RESIDUAL_THRESHOLD: t, allocation.RANK: P.per_site(base, float(k))}
+      records.append(learned_record(ev, c, "residual_rank_learned",
+                                    f"k={k}..{k_max},target={sp}", wide, init, rebuild, None,
+                                    sparse_bytes))
     release_executables()
   return records
 
@@ -597,7 +632,7 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh<>H1*dp8"))
+  markers = dict(zip(METHODS, "oDPs^vXh<>H1*dp82"))
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in METHODS:

@@ -12,6 +12,11 @@ gradient backward, so the KL is the hard model's.  The learned values are
 written into the tree as hard knobs per site (`P.EPS`, `P.THRESHOLD` or
 `P.RESIDUAL_THRESHOLD`) and evaluated like any other method.  Expected bytes come from
 `gsi_jax.metrics.bytes`, the one byte formula, fed the gates' mean shares.
+
+The sparse residual's rank per site (`RANK`) is learned jointly with its threshold:
+the bases are nested, so rank k is V_k's first k columns.  Learning runs on V at the
+largest rank allowed with a mask on its columns, hard forward (the first k) and
+sigmoid-smooth backward; `gsi_jax.truncate_ranks` then cuts each site to its k.
 """
 
 from __future__ import annotations
@@ -30,10 +35,13 @@ from gsi_jax.errors import GSIError
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 from gsi_jax.models.model import _forward
-from gsi_jax.ops import make_gate
+from gsi_jax.ops import make_gate, straight_through
 
 # GSI's gate threshold, magnitude sparsity's input threshold, the sparse residual's threshold.
 KNOBS = (P.EPS, P.THRESHOLD, P.RESIDUAL_THRESHOLD)
+# The sparse residual's rank per site: not a tree key, a mask on V_k's columns while learning.
+RANK = "rank"
+RANK_WIDTH = 2.0  # columns over which the soft rank mask falls from 1 to 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,42 +75,103 @@ def floored(values: dict, floor: float = 1e-6) -> dict:
   return jax.tree.map(lambda v: max(float(v), floor), values)
 
 
-def expected_bytes(params, knob: str, stats) -> jax.Array:
-  """Bytes per token at the soft gates' mean shares (differentiable)."""
-  if knob == P.EPS:
+def kept_columns(rank, k_max: int) -> int:
+  """The columns of V a learned rank keeps: those i with i + 1/2 < rank, as `rank_mask`."""
+  return int(np.clip(np.ceil(float(rank) - 0.5), 0, k_max))
+
+
+def kept_ranks(params, ranks: dict) -> dict:
+  """{layer: {site: int}}: the columns each learned rank keeps of its site's V_k, for
+  `gsi_jax.truncate_ranks`."""
+  return {layer: {site: kept_columns(rank, params[layer][site][P.V].shape[1])
+                  for site, rank in sites.items()} for layer, sites in ranks.items()}
+
+
+def rank_mask(rank: jax.Array, k_max: int) -> jax.Array:
+  """(k_max,): 1 on V's first `kept_columns(rank)` columns forward, a sigmoid in rank backward."""
+  i_K = jnp.arange(k_max) + 0.5
+  return straight_through(i_K < rank, jax.nn.sigmoid((rank - i_K) / RANK_WIDTH))
+
+
+def with_values(params, values: dict):
+  """params with {knob: {layer: {site: value}}} written in; RANK masks V's columns
+  (M unchanged: g M then sums the kept columns' images only)."""
+  out = params
+  for knob, by_site in values.items():
+    if knob != RANK:
+      out = P.with_site_values(out, knob, by_site)
+  for layer, sites in values.get(RANK, {}).items():
+    for site, rank in sites.items():
+      V_DK = out[layer][site][P.V]
+      out = P.with_site(out, layer, site, {P.V: V_DK * rank_mask(rank, V_DK.shape[1])[None]})
+  return out
+
+
+def expected_bytes(params, values: dict, stats) -> jax.Array:
+  """Bytes per token at the soft gates' mean shares (differentiable); with RANK, each
+  residual site's V_k and M at its masked rank instead of V's width."""
+  if P.EPS in values:
     share = {layer: {site: jnp.mean(v["fast"][0]) for site, v in sites.items()}
              for layer, sites in stats["gate_stats"].items()}
     return mbytes.byte_accounting(params, share)["bytes_per_token"]
   kept = {layer: {site: jnp.mean(v["kept"][0]) for site, v in sites.items()}
           for layer, sites in stats["sparsity_stats"].items()}
-  return mbytes.sparsity_bytes(params, kept, None)
+  total = mbytes.sparsity_bytes(params, kept, None)
+  outputs = P.site_outputs(params)
+  for layer, sites in values.get(RANK, {}).items():
+    for site, rank in sites.items():
+      d, k_max = params[layer][site][P.V].shape
+      k = jnp.sum(rank_mask(rank, k_max))
+      o = outputs[layer][site]
+      total += (mbytes.gated_map_elements(d, o, k, k, 1.0)
+                - mbytes.gated_map_elements(d, o, k_max, k_max, 1.0)) * mbytes.itemsize(params)
+  return total
 
 
-@functools.partial(jax.jit, static_argnames=("module", "knob"))
-def _loss_and_grad(module, params, log_values, ids_BT, dense_logp_BTV, knob, lam, budget,
+@functools.partial(jax.jit, static_argnames=("module",))
+def _loss_and_grad(module, params, log_values, ids_BT, dense_logp_BTV, lam, budget,
                    dense_bytes):
   def loss(log_values):
-    p = P.with_site_values(params, knob, jax.tree.map(jnp.exp, log_values))
+    values = jax.tree.map(jnp.exp, log_values)
+    p = with_values(params, values)
     logits, stats = _forward(module, p, ids_BT, make_gate(0.0, "soft"),
                              ("gate_stats", "sparsity_stats"))
     logp = jax.nn.log_softmax(logits, -1)
     kl = jnp.mean(jnp.sum(jnp.exp(dense_logp_BTV) * (dense_logp_BTV - logp), -1))
-    fraction = expected_bytes(p, knob, stats) / dense_bytes
+    fraction = expected_bytes(p, values, stats) / dense_bytes
     return kl + lam * jnp.square(fraction - budget), (kl, fraction)
   return jax.value_and_grad(loss, has_aux=True)(log_values)
 
 
-def learn_allocation(model, params, knob: str, init: dict, windows_NT: np.ndarray,
-                     config: AllocationConfig, progress: bool = True):
-  """Learned {layer: {site: value}} for `knob`, starting from `init`, and the history
-  of (step, loss, KL, expected bytes fraction).
-
-  params must already carry what the knob gates: V_k and M for P.EPS and
-  P.RESIDUAL_THRESHOLD, and for P.THRESHOLD nothing more (the values are added here)."""
-  if knob not in KNOBS:
-    raise GSIError(f"allocation knob {knob!r} is not one of {KNOBS}")
-  if any(not v > 0 for sites in init.values() for v in sites.values()):
+def check_knobs(params, init: dict):
+  knobs = [knob for knob in init if knob != RANK]
+  if len(knobs) != 1 or knobs[0] not in KNOBS:
+    raise GSIError(f"an allocation learns one knob of {KNOBS} (and {RANK!r} beside "
+                   f"{P.RESIDUAL_THRESHOLD!r}), got {sorted(init)}")
+  if RANK in init:
+    if knobs[0] != P.RESIDUAL_THRESHOLD:
+      raise GSIError(f"ranks are learned beside {P.RESIDUAL_THRESHOLD!r} only, not {knobs[0]!r}")
+    for layer, sites in init[RANK].items():
+      for site, rank in sites.items():
+        k_max = params[layer][site][P.V].shape[1]
+        if not 0 < rank <= k_max:
+          raise GSIError(f"{layer}/{site}: a learned rank starts in (0, {k_max}] (the width of "
+                         f"its V_k), got {rank}")
+  if any(not v > 0 for by_site in init.values() for sites in by_site.values()
+         for v in sites.values()):
     raise GSIError("allocation starts from positive knob values only (see `floored`)")
+
+
+def learn_allocation(model, params, init: dict, windows_NT: np.ndarray,
+                     config: AllocationConfig, progress: bool = True):
+  """Learned {knob: {layer: {site: value}}}, starting from `init` (same structure), and
+  the history of (step, loss, KL, expected bytes fraction).
+
+  init holds one knob of KNOBS, and for P.RESIDUAL_THRESHOLD optionally RANK too (learned
+  jointly).  params must already carry what the knob gates: V_k and M for P.EPS and
+  P.RESIDUAL_THRESHOLD (at the largest rank RANK may take), and for P.THRESHOLD nothing
+  more (the values are added here)."""
+  check_knobs(params, init)
   windows = np.asarray(windows_NT)[:, :config.seq_len]
   rng = np.random.default_rng(config.seed)
   dense_bytes = mbytes.dense_bytes(params)
@@ -114,14 +183,15 @@ def learn_allocation(model, params, knob: str, init: dict, windows_NT: np.ndarra
     ids = jnp.asarray(windows[rng.choice(len(windows), config.batch_windows, replace=False)])
     dense_logp = jax.nn.log_softmax(model.logits(P.dense_params(params), ids), -1)
     (loss, (kl, fraction)), grads = _loss_and_grad(
-        model.module, params, log_values, ids, dense_logp, knob, config.lam, config.budget,
+        model.module, params, log_values, ids, dense_logp, config.lam, config.budget,
         dense_bytes)
     updates, state = optimizer.update(grads, state)
     log_values = optax.apply_updates(log_values, updates)
     history.append({"step": step, "loss": float(loss), "kl": float(kl),
                     "bytes_fraction": float(fraction)})
     if progress and (step % 8 == 0 or step == config.steps - 1):
-      logging.info("allocation %s budget %.3f step %d/%d: KL %.4f, bytes %.3f (%.0f s)", knob,
+      logging.info("allocation %s budget %.3f step %d/%d: KL %.4f, bytes %.3f (%.0f s)",
+                   "+".join(sorted(init)),
                    config.budget, step + 1, config.steps, float(kl), float(fraction),
                    time.perf_counter() - t0)
   learned = jax.tree.map(lambda v: float(jnp.exp(v)), log_values)

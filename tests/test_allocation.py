@@ -6,6 +6,7 @@ import pytest
 
 import gsi_jax
 from gsi_jax import GSIError, allocation, greedy_sparsity, make_gate, metrics, peers
+from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 
 RNG = np.random.default_rng(2)
@@ -52,13 +53,79 @@ def test_learning_moves_every_knob_and_keeps_the_budget_term(llama, knob):
   else:
     params, init = gsi, P.per_site(gsi, 0.4)
   config = allocation.AllocationConfig(budget=0.5, steps=3, batch_windows=2, seq_len=16)
-  learned, history = allocation.learn_allocation(model, params, knob, init, CALIB, config,
+  learned, history = allocation.learn_allocation(model, params, {knob: init}, CALIB, config,
                                                  progress=False)
   assert [h["step"] for h in history] == [0, 1, 2]
   assert all(h["loss"] >= h["kl"] >= -1e-6 and 0 < h["bytes_fraction"] for h in history)
-  assert jax.tree.structure(learned) == jax.tree.structure(init)
-  moved = np.array([abs(np.log(learned[l][s] / init[l][s])) for l in init for s in init[l]])
-  assert np.mean(moved > 1e-4) > 0.5  # Adam moves the knobs that have a gradient
+  assert jax.tree.structure(learned) == jax.tree.structure({knob: init})
+  assert np.mean(moved(learned[knob], init) > 1e-4) > 0.5  # Adam moves the knobs with a gradient
+
+
+def moved(learned, init):
+  return np.array([abs(np.log(learned[l][s] / init[l][s])) for l in init for s in init[l]])
+
+
+def test_rank_mask_computes_the_truncated_tree_and_its_bytes(llama):
+  """A rank r masks V to its first kept_columns(r) columns: the soft-gate forward pass
+  and the expected bytes are those of the tree truncate_ranks cuts, and the rank has
+  a gradient (the columns beside the cut)."""
+  model, gsi = llama
+  t = peers.sparsity_thresholds(model, gsi, CALIB, 0.5)
+  ranks = P.per_site(gsi, 7.3)
+  ranks["layer_0"]["mlp_in"] = 0.2  # no subspace: the residual is the input
+  kept = allocation.kept_ranks(gsi, ranks)
+  assert kept["layer_0"]["attn_in"] == 7 and kept["layer_0"]["mlp_in"] == 0
+  cut = gsi_jax.apply_residual_sparsity(gsi_jax.truncate_ranks(gsi, kept), t)
+  values = {P.RESIDUAL_THRESHOLD: t, allocation.RANK: ranks}
+  masked = allocation.with_values(gsi, values)
+  soft = make_gate(0.0, "soft")
+  logits, stats = model.forward(masked, CALIB[:2], soft, ("sparsity_stats",))
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(model.logits(cut, CALIB[:2])),
+                             atol=1e-5)
+  shares = {l: {s: float(np.mean(v["kept"][0])) for s, v in sites.items()}
+            for l, sites in stats["sparsity_stats"].items()}
+  assert float(allocation.expected_bytes(masked, values, stats)) == pytest.approx(
+      mbytes.sparsity_bytes(cut, shares, None), rel=1e-6)
+
+  def first_logit(rank):
+    r = {**ranks, "layer_0": {**ranks["layer_0"], "attn_in": rank}}
+    return model.forward(allocation.with_values(gsi, {**values, allocation.RANK: r}),
+                         CALIB[:1], soft)[0][0, -1, 0]
+  assert abs(float(jax.grad(first_logit)(7.3))) > 0
+
+
+def test_truncated_ranks_decode_alike_on_both_paths(llama):
+  """Sites at different ranks, one at rank 0: the batch-1 fast path gives the
+  evaluation path's greedy tokens."""
+  model, gsi = llama
+  ranks = {l: {s: (3 * i + len(s)) % 25 for s in sites}
+           for i, (l, sites) in enumerate(P.per_site(gsi, 0).items())}
+  ranks["layer_0"]["attn_in"] = 0
+  cut = gsi_jax.truncate_ranks(gsi, ranks)
+  assert cut["layer_0"]["mlp_in"][P.V].shape == (gsi["layer_0"]["mlp_in"][P.V].shape[0],
+                                                 ranks["layer_0"]["mlp_in"])
+  sparse = gsi_jax.apply_residual_sparsity(cut, peers.sparsity_thresholds(model, cut, CALIB, 0.5))
+  prompt = CALIB[:1, :6]
+  fast = model.generate(sparse, prompt, 6, make_gate(0.0, batch1_switch=True), stop_at_eos=False)
+  np.testing.assert_array_equal(np.asarray(fast),
+                                np.asarray(model.generate(sparse, prompt, 6, stop_at_eos=False)))
+  with pytest.raises(GSIError, match="rank 25 is outside 0..24"):
+    gsi_jax.truncate_ranks(gsi, {"layer_0": {"mlp_in": 25}})
+  with pytest.raises(GSIError, match="has no V_k"):
+    gsi_jax.truncate_ranks(model.params, {"layer_0": {"mlp_in": 2}})
+
+
+def test_learning_ranks_with_the_residual_threshold(llama):
+  model, gsi = llama
+  t = allocation.floored(peers.sparsity_thresholds(model, gsi, CALIB, 0.5))
+  init = {P.RESIDUAL_THRESHOLD: t, allocation.RANK: P.per_site(gsi, 8.0)}
+  config = allocation.AllocationConfig(budget=0.4, steps=3, batch_windows=2, seq_len=16,
+                                       learning_rate=0.2)
+  learned, history = allocation.learn_allocation(model, gsi, init, CALIB, config,
+                                                 progress=False)
+  assert jax.tree.structure(learned) == jax.tree.structure(init) and len(history) == 3
+  assert np.mean(moved(learned[allocation.RANK], init[allocation.RANK]) > 1e-4) > 0.5
+  assert np.mean(moved(learned[P.RESIDUAL_THRESHOLD], t) > 1e-4) > 0.5
 
 
 def test_scale_to_budget_meets_the_target():
@@ -76,10 +143,17 @@ def test_bad_allocation_input(llama):
   with pytest.raises(GSIError, match="steps must be >= 1"):
     allocation.AllocationConfig(budget=0.5, steps=0)
   config = allocation.AllocationConfig(budget=0.5, steps=1)
-  with pytest.raises(GSIError, match="knob 'rank' is not one of"):
-    allocation.learn_allocation(model, gsi, "rank", P.per_site(gsi, 0.4), CALIB, config)
+  learn = lambda init: allocation.learn_allocation(model, gsi, init, CALIB, config)
+  with pytest.raises(GSIError, match=r"learns one knob of .*, got \['width'\]"):
+    learn({"width": P.per_site(gsi, 0.4)})
+  with pytest.raises(GSIError, match="learns one knob"):
+    learn({P.EPS: P.per_site(gsi, 0.4), P.THRESHOLD: P.per_site(gsi, 0.4)})
+  with pytest.raises(GSIError, match="ranks are learned beside 'residual_threshold' only"):
+    learn({P.EPS: P.per_site(gsi, 0.4), allocation.RANK: P.per_site(gsi, 4.0)})
+  with pytest.raises(GSIError, match=r"a learned rank starts in \(0, 24\]"):
+    learn({P.RESIDUAL_THRESHOLD: P.per_site(gsi, 0.4), allocation.RANK: P.per_site(gsi, 30.0)})
   with pytest.raises(GSIError, match="positive knob values only"):
-    allocation.learn_allocation(model, gsi, P.EPS, P.per_site(gsi, 0.0), CALIB, config)
+    learn({P.EPS: P.per_site(gsi, 0.0)})
   assert allocation.floored({"a": {"b": 0.0}}) == {"a": {"b": 1e-6}}
 
 

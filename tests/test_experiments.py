@@ -18,7 +18,8 @@ EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--
                     "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
                     "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
                     "--residual_k=2,4", "--residual_sparsity=0.3", "--rsparse_ranks=2",
-                    "--rsparse_sparsity=0.3", "--learned_residual_k=4", "--greedy_sparsity=0.3",
+                    "--rsparse_sparsity=0.3", "--learned_residual_k=2", "--learned_rank_max=4",
+                    "--greedy_sparsity=0.3",
                     "--greedy_step=0.1", "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
          "--eps=0,0.3,0.6", "--max_new_tokens=5", "--mode=gated,static"]
@@ -132,13 +133,18 @@ def check_pareto(records):
     assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
-    if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned"):
+    if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned",
+                       "residual_rank_learned"):
       sites = {(layer, site) for layer, s in r["allocation"].items() for site in s}
       assert sites == {(layer, site) for layer, s in r["fast_share_by_layer" if r["method"]
                        == "gsi_learned" else "kept_share_by_layer"].items() for site in s}
       assert all(v > 0 for s in r["allocation"].values() for v in s.values())
       assert len(r["learning"]) == 2 and "uniform_ppl_ratio_at_bytes" in r
       assert r["fallback"] == (r["calib_nll_learned"] > r["calib_nll_uniform"])
+    if r["method"] == "residual_rank_learned":  # a rank per site, from 2 up to 4
+      assert set(r["ranks"]) == set(r["allocation"])
+      ranks = [k for sites in r["ranks"].values() for k in sites.values()]
+      assert all(0 <= k <= 4 for k in ranks) and (not r["fallback"] or set(ranks) == {2})
     if r["method"] == "sparsity_greedy":
       assert set(r["allocation"]) == set(r["kept_share_by_layer"])
       assert all(0 <= v < 1 for s in r["allocation"].values() for v in s.values())

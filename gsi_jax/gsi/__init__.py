@@ -2,7 +2,7 @@ from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.gsi.calibration import calibrate
 from gsi_jax.gsi.checkpoint import load_bases, save_bases
 from gsi_jax.gsi.head import apply_gsi_head, head_basis
-from gsi_jax.gsi.transform import apply_gsi, apply_residual_sparsity, gsi_shapes
+from gsi_jax.gsi.transform import apply_gsi, apply_residual_sparsity, gsi_shapes, truncate_ranks
 
 __all__ = ["Bases", "apply_gsi", "apply_gsi_head", "apply_residual_sparsity", "calibrate", "fingerprint", "gsi_shapes",
-           "head_basis", "load_bases", "save_bases"]
+           "head_basis", "load_bases", "save_bases", "truncate_ranks"]

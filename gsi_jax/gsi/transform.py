@@ -98,6 +98,26 @@ def apply_residual_sparsity(gsi_params, thresholds: dict):
   return P.with_site_values(gsi_params, P.RESIDUAL_THRESHOLD, thresholds)
 
 
+def truncate_ranks(gsi_params, ranks: dict):
+  """New params whose sites in {layer: {site: k}} keep V_k's first k columns and M's
+  first k rows: the bases are nested, so that is the rank-k tree `apply_gsi` builds
+  (k = 0 leaves a site no subspace: the sparse residual is then the input itself)."""
+  out = gsi_params
+  for layer, sites in ranks.items():
+    for site, k in sites.items():
+      node = gsi_params[layer][site]
+      if not P.has_gsi(node):
+        raise GSIError(f"{layer}/{site} has no V_k: apply_gsi first")
+      if P.LADDER in node or P.SKETCH in node:
+        raise GSIError(f"{layer}/{site}: ranks cut V_k and M only, not a ladder or a sketch")
+      if not 0 <= k <= node[P.V].shape[1]:
+        raise GSIError(f"{layer}/{site}: rank {k} is outside 0..{node[P.V].shape[1]}, the "
+                       "width of its V_k")
+      out = P.with_site(out, layer, site, {P.V: node[P.V][:, :k],
+                                           P.M: {n: M[:k] for n, M in node[P.M].items()}})
+  return out
+
+
 def gsi_shapes(params, k: int, head_k: int = 0):
   """The tree `apply_gsi` (and with head_k > 0 `apply_gsi_head`) returns, as shapes only.
 
