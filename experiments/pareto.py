@@ -34,6 +34,7 @@ measured_speedup is against that dense figure.  One sweep per method.
 
 import dataclasses
 import logging
+import re
 
 import jax
 import matplotlib.pyplot as plt
@@ -670,8 +671,9 @@ def plot_allocation(records, out):
     ax.axis("off")
   for ax, r in zip(axes.flat, allocated):
     key = "fast_share_by_layer" if r["method"] == "gsi_learned" else "kept_share_by_layer"
+    same = (r["knob"], r["knob"].split(",")[-1], re.sub(r"\.\.\d+", "", r["knob"]))  # k=16..64
     uniform = next((u for u in records if u["method"] == ALLOCATED[r["method"]]
-                    and u["knob"] in (r["knob"], r["knob"].split(",")[-1]) and key in u), None)
+                    and u["knob"] in same and key in u), None)
     layers = P.layers(r[key])
     for i, site in enumerate(P.SITES):
       if site not in r[key][layers[0]]:
@@ -682,9 +684,16 @@ def plot_allocation(records, out):
                 ls=":", lw=0.8)
     ax.set(title=f"{r['method']} {r['knob']}", xlabel="layer",
            ylabel="kept share" if key.startswith("kept") else "fast share", ylim=(0, 1.02))
+    if "ranks" in r:  # residual_rank_learned: each site's learned rank on a second axis
+      ranks = ax.twinx()
+      for i, site in enumerate(P.SITES):
+        if site in r["ranks"][layers[0]]:
+          ranks.plot(range(len(layers)), [r["ranks"][l][site] for l in layers], color=f"C{i}",
+                     ls="--", marker=".", ms=3, lw=0.7)
+      ranks.set_ylabel("rank k (dashed)")
   axes[0][0].legend(fontsize=7)
   fig.suptitle("learned or greedy per-site allocation (solid) and uniform (dotted), held-out "
-               "text", fontsize=9)
+               "text; learned ranks dashed", fontsize=9)
   experiment.save_figure(fig, out.replace(".json", "_allocation.json"))
 
 

@@ -14,9 +14,15 @@ CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)
 
 
 @pytest.fixture(scope="module")
-def llama(tiny_folder):
+def llama_bases(tiny_folder):
   model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
-  bases = gsi_jax.calibrate(model, model.params, CALIB, k_max=24, seq_len=16, progress=False)
+  return model, gsi_jax.calibrate(model, model.params, CALIB, k_max=24, seq_len=16,
+                                  progress=False)
+
+
+@pytest.fixture(scope="module")
+def llama(llama_bases):
+  model, bases = llama_bases
   return model, gsi_jax.apply_gsi(model.params, bases, 24)
 
 
@@ -92,6 +98,17 @@ def test_rank_mask_computes_the_truncated_tree_and_its_bytes(llama):
     return model.forward(allocation.with_values(gsi, {**values, allocation.RANK: r}),
                          CALIB[:1], soft)[0][0, -1, 0]
   assert abs(float(jax.grad(first_logit)(7.3))) > 0
+
+
+def test_truncated_ranks_are_the_lower_rank_tree(llama_bases):
+  """The bases are nested: cutting the rank-24 tree to rank 9 gives apply_gsi's rank-9
+  tree (V exactly, M up to float32 rounding)."""
+  model, bases = llama_bases
+  cut = gsi_jax.truncate_ranks(gsi_jax.apply_gsi(model.params, bases, 24),
+                               P.per_site(model.params, 9))
+  built = gsi_jax.apply_gsi(model.params, bases, 9)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5,
+                                                       atol=1e-6), cut, built)
 
 
 def test_truncated_ranks_decode_alike_on_both_paths(llama):
