@@ -13,7 +13,11 @@ sites; --head_eps), sparsity+head (both; sparsity × head_eps), larosa
 residual (subspace plus sparse residual y = g M + r_S W_S: --residual_k ×
 --residual_sparsity, the residual's target sparsity) and rsparse (R-Sparse:
 kept inputs exact, dropped ones through a rank-r SVD of W: --rsparse_ranks ×
---rsparse_sparsity) and cats (CATS, gated MLPs only: channels with small
+--rsparse_sparsity, and R-Sparse's own recipe, each map's bytes cut to 1 − s and
+split by a ratio alpha between kept inputs and rank: --rsparse_recipe_sparsity ×
+--rsparse_alpha), rsparse_searched (that recipe's alpha searched per site by
+R-Sparse's evolutionary search from the best uniform alpha, `gsi_jax.rsparse_search`)
+and cats (CATS, gated MLPs only: channels with small
 |act(x W_gate)| skip their columns of W_up and rows of W_down; --cats_sparsity,
 the share of channels dropped), and sparsity_greedy (TEAL's block-wise greedy
 per-site levels, `gsi_jax.greedy_sparsity`, at --greedy_sparsity: the baseline
@@ -42,7 +46,7 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import allocation, cli, experiment, greedy_sparsity, metrics, peers
+from gsi_jax import allocation, cli, experiment, greedy_sparsity, metrics, peers, rsparse_search
 from gsi_jax.benchmarking import decode_tokens_per_s, paired_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
@@ -67,6 +71,18 @@ flags.DEFINE_list("residual_sparsity", ["0.4", "0.5", "0.6", "0.7"],
 flags.DEFINE_list("rsparse_ranks", ["8", "32", "64"], "R-Sparse ranks of each map's SVD.")
 flags.DEFINE_list("rsparse_sparsity", ["0.5", "0.6", "0.7"],
                   "R-Sparse target input sparsities in [0, 1).")
+flags.DEFINE_list("rsparse_recipe_sparsity", ["0.4", "0.5"],
+                  "R-Sparse recipes' s: each map reads 1 - s of its dense bytes, in [0, 1) "
+                  "(empty: skip the recipes and their search).")
+flags.DEFINE_list("rsparse_alpha", ["0.8", "0.9", "1.0"],
+                  "R-Sparse recipes' uniform alpha, the share of each map's budget spent on "
+                  "kept inputs (the rest on rank), in [0, 1]; the search starts from the best.")
+flags.DEFINE_integer("rsparse_search_population", 8, "Candidates per generation of the "
+                     "R-Sparse search.")
+flags.DEFINE_integer("rsparse_search_parents", 4, "Candidates kept per generation.")
+flags.DEFINE_integer("rsparse_search_generations", 6, "Generations of the R-Sparse search.")
+flags.DEFINE_integer("rsparse_search_windows", 8, "Calibration windows of the R-Sparse "
+                     "search's fitness (mean NLL; 8 are the windows its fallback is judged on).")
 flags.DEFINE_list("cats_sparsity", ["0.4", "0.5", "0.6", "0.7", "0.8"],
                   "CATS target shares of dropped MLP channels, in [0, 1).")
 flags.DEFINE_list("greedy_sparsity", ["0.4", "0.5", "0.6"],
@@ -94,13 +110,13 @@ BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
 METHODS = ("gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
            "larosa", "residual", "rsparse", "cats", "sparsity_greedy", "sparsity_learned",
-           "gsi_learned", "residual_learned", "residual_rank_learned")
+           "gsi_learned", "residual_learned", "residual_rank_learned", "rsparse_searched")
 BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
                 "bytes_fraction", "tokens_per_s", "dense_tokens_per_s"]
 UNIFORM = {"sparsity_learned": "sparsity", "gsi_learned": "gsi", "residual_learned": "residual",
            "residual_rank_learned": "residual"}
 # Records that gain the uniform method's perplexity ratio at their bytes.
-ALLOCATED = {**UNIFORM, "sparsity_greedy": "sparsity"}
+ALLOCATED = {**UNIFORM, "sparsity_greedy": "sparsity", "rsparse_searched": "rsparse"}
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
            "generations_identical", "tokens_per_s", "dense_tokens_per_s", "measured_speedup"]
 
@@ -119,6 +135,12 @@ class ParetoConfig:
   residual_sparsity: tuple[float, ...]
   rsparse_ranks: tuple[int, ...]
   rsparse_sparsity: tuple[float, ...]
+  rsparse_recipe_sparsity: tuple[float, ...]
+  rsparse_alpha: tuple[float, ...]
+  rsparse_search_population: int
+  rsparse_search_parents: int
+  rsparse_search_generations: int
+  rsparse_search_windows: int
   cats_sparsity: tuple[float, ...]
   greedy_sparsity: tuple[float, ...]
   greedy_step: float
@@ -152,12 +174,18 @@ class ParetoConfig:
     unknown = set(self.larosa_sites) - set(P.SITES)
     if unknown:
       raise GSIError(f"--larosa_sites: unknown sites {sorted(unknown)}; choose from {P.SITES}")
-    for name in ("residual_sparsity", "rsparse_sparsity", "cats_sparsity"):
+    for name in ("residual_sparsity", "rsparse_sparsity", "rsparse_recipe_sparsity",
+                 "cats_sparsity"):
       if any(not 0 <= v < 1 for v in getattr(self, name)):
         raise GSIError(f"--{name} targets must lie in [0, 1), got {list(getattr(self, name))}")
     for name in ("residual_k", "rsparse_ranks"):
       if any(r < 1 for r in getattr(self, name)):
         raise GSIError(f"--{name} must be positive, got {list(getattr(self, name))}")
+    if any(not 0 <= a <= 1 for a in self.rsparse_alpha):
+      raise GSIError(f"--rsparse_alpha values must lie in [0, 1], got {list(self.rsparse_alpha)}")
+    if self.runs("rsparse_searched") and self.rsparse_recipe_sparsity and not self.rsparse_alpha:
+      raise GSIError("rsparse_searched starts from the best --rsparse_alpha: give at least one")
+    _ = self.rsparse_search  # built now, so its flags are checked before any compute
     if self.learned_residual_k < 1:
       raise GSIError(f"--learned_residual_k must be positive, got {self.learned_residual_k}")
     if self.runs("residual_rank_learned") and not (
@@ -181,6 +209,12 @@ class ParetoConfig:
       raise GSIError(f"--greedy_step must lie in (0, 1), got {self.greedy_step}")
     if self.greedy_windows < 1:
       raise GSIError(f"--greedy_windows must be >= 1, got {self.greedy_windows}")
+
+  @property
+  def rsparse_search(self) -> rsparse_search.SearchConfig:
+    return rsparse_search.SearchConfig(
+        population=self.rsparse_search_population, parents=self.rsparse_search_parents,
+        generations=self.rsparse_search_generations, windows=self.rsparse_search_windows)
 
   @property
   def greedy(self) -> greedy_sparsity.GreedyConfig:
@@ -214,6 +248,15 @@ def config_from_flags() -> ParetoConfig:
       residual_sparsity=cli.numbers("residual_sparsity", FLAGS.residual_sparsity, float),
       rsparse_ranks=cli.numbers("rsparse_ranks", FLAGS.rsparse_ranks, int),
       rsparse_sparsity=cli.numbers("rsparse_sparsity", FLAGS.rsparse_sparsity, float),
+      rsparse_recipe_sparsity=cli.numbers("rsparse_recipe_sparsity",
+                                          FLAGS.rsparse_recipe_sparsity, float)
+      if FLAGS.rsparse_recipe_sparsity else (),
+      rsparse_alpha=cli.numbers("rsparse_alpha", FLAGS.rsparse_alpha, float)
+      if FLAGS.rsparse_alpha else (),
+      rsparse_search_population=FLAGS.rsparse_search_population,
+      rsparse_search_parents=FLAGS.rsparse_search_parents,
+      rsparse_search_generations=FLAGS.rsparse_search_generations,
+      rsparse_search_windows=FLAGS.rsparse_search_windows,
       cats_sparsity=cli.numbers("cats_sparsity", FLAGS.cats_sparsity, float),
       greedy_sparsity=cli.numbers("greedy_sparsity", FLAGS.greedy_sparsity, float),
       greedy_step=FLAGS.greedy_step, greedy_windows=FLAGS.greedy_windows,
@@ -528,6 +571,46 @@ def sweep_rsparse(ev, c: ParetoConfig) -> list[dict]:
   return records
 
 
+def sweep_rsparse_recipes(ev, c: ParetoConfig) -> list[dict]:
+  """R-Sparse's own recipe at each s: one alpha everywhere (rsparse records, its grid),
+  then alpha per site searched from the grid's best on calibration text (rsparse_searched).
+  Where the searched recipe's calibration NLL (8 windows, as for learned allocations) is
+  above its start's, the start is kept: fallback."""
+  base = ev.model.params
+  svds = peers.weight_svds(base)
+  records = []
+  for s in c.rsparse_recipe_sparsity:
+    recipes = rsparse_search.Recipes(ev.model, base, ev.s.calib.ids, s, svds)
+    uniform = {}
+    for alpha in c.rsparse_alpha:
+      params = recipes.tree(P.per_site(base, alpha))
+      uniform[alpha] = ev.calib_nll(params, None)
+      # The search scores candidates with padded factors: the same function, other roundings.
+      padded = ev.calib_nll(recipes.tree(P.per_site(base, alpha), padded=True), None)
+      records.append(ev.record("rsparse", f"s={s},alpha={alpha}", params, None,
+                               sparse_bytes(params), shares=True, calib_nll=uniform[alpha],
+                               calib_nll_padded=padded))
+    if c.runs("rsparse_searched"):
+      start = min(uniform, key=uniform.get)
+      searched, history = rsparse_search.search(ev.model, recipes, ev.s.calib.ids, start,
+                                                c.rsparse_search)
+      nll = ev.calib_nll(recipes.tree(searched), None)
+      fallback = nll > uniform[start]
+      if fallback:
+        logging.info("rsparse_searched s=%s: searched calibration NLL %.4f > uniform %.4f, "
+                     "kept uniform", s, nll, uniform[start])
+      chosen = P.per_site(base, start) if fallback else searched
+      params = recipes.tree(chosen)
+      records.append(ev.record(
+          "rsparse_searched", f"s={s}", params, None, sparse_bytes(params), shares=True,
+          allocation=chosen, map_ranks=rsparse_search.map_ranks(base, s, chosen),
+          searched_allocation=searched, start_alpha=start, search=history,
+          search_config=dataclasses.asdict(c.rsparse_search), fallback=bool(fallback),
+          calib_nll_searched=nll, calib_nll_uniform=uniform[start]))
+    release_executables()
+  return records
+
+
 def sweep_cats(ev, c: ParetoConfig) -> list[dict]:
   """CATS: per layer, the |act(x W_gate)| threshold that drops each target share of the
   MLP channels; attention stays dense."""
@@ -608,6 +691,8 @@ def pareto(c: ParetoConfig):
     records += sweep_residual(ev, c)
   if c.runs("rsparse"):
     records += sweep_rsparse(ev, c)
+  if c.rsparse_recipe_sparsity and (c.runs("rsparse") or c.runs("rsparse_searched")):
+    records += sweep_rsparse_recipes(ev, c)
   if c.runs("cats") and s.model.config.gated_mlp:
     records += sweep_cats(ev, c)
   if c.runs("sparsity_greedy"):
@@ -633,7 +718,7 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(METHODS, "oDPs^vXh<>H1*dp82"))
+  markers = dict(zip(METHODS, "oDPs^vXh<>H1*dp82+"))
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in METHODS:
@@ -671,7 +756,8 @@ def plot_allocation(records, out):
     ax.axis("off")
   for ax, r in zip(axes.flat, allocated):
     key = "fast_share_by_layer" if r["method"] == "gsi_learned" else "kept_share_by_layer"
-    same = (r["knob"], r["knob"].split(",")[-1], re.sub(r"\.\.\d+", "", r["knob"]))  # k=16..64
+    same = (r["knob"], r["knob"].split(",")[-1], re.sub(r"\.\.\d+", "", r["knob"]),  # k=16..64
+            f"{r['knob']},alpha={r.get('start_alpha')}")  # rsparse_searched: its start
     uniform = next((u for u in records if u["method"] == ALLOCATED[r["method"]]
                     and u["knob"] in same and key in u), None)
     layers = P.layers(r[key])

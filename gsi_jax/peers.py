@@ -11,7 +11,8 @@
     site's full PCA basis Q (GSI's eigenbasis, all d columns), with kernels
     Qᵀ W; Q itself is read at every token;
   * R-Sparse-style rank-aware sparsity: the kept inputs exact through W's
-    rows, the dropped ones through a rank-r factor of W (`weight_factors`);
+    rows, the dropped ones through a rank-r factor of W (`weight_factors`; its
+    per-layer recipe: `gsi_jax.rsparse_search`);
   * CATS-style sparsity for gated MLPs: per layer, a threshold on
     |act(x W_gate)| calibrated for a target share of dropped channels; only the
     kept columns of W_up and rows of W_down are read (`apply_cats`).
@@ -144,22 +145,45 @@ def apply_cats(model, params, thresholds: dict):
   return out
 
 
-def weight_factors(params, rank: int):
-  """R-Sparse's low-rank part: per map the top-`rank` SVD of W itself (not whitened,
-  as its paper describes), x A B with A = U_r S_r (d, r) and B = V_rᵀ (r, O).  With a
+def weight_svds(params) -> dict:
+  """{(layer, site, map): (U S, Vᵀ, dtype)}: the SVD of each W itself (float64), computed
+  once; `weight_factors` cuts any rank from it."""
+  out = {}
+  for layer, sites in P.site_kernels(params).items():
+    for site, kernels in sites.items():
+      for name, W in kernels.items():
+        U, S, Vt = np.linalg.svd(np.asarray(W, np.float64), full_matrices=False)
+        out[layer, site, name] = (U * S, Vt, W.dtype)
+  return out
+
+
+def weight_factors(params, rank, svds: dict | None = None, width: dict | None = None):
+  """R-Sparse's low-rank part: per map the top-r SVD of W itself (not whitened, as its
+  paper describes), x A B with A = U_r S_r (d, r) and B = V_rᵀ (r, O).  With a
   threshold (`apply_sparsity`) the kept inputs read W's rows exactly and the dropped
-  ones go through A B."""
-  if rank <= 0:
+  ones go through A B.
+
+  rank: one r for every map, or {layer: {site: {map: r}}} (a per-layer recipe, where
+  r may be 0).  width, nested alike: zero columns pad each factor to it, which leaves
+  x A B unchanged, so recipes of different ranks share one compiled program."""
+  if isinstance(rank, int) and rank <= 0:
     raise GSIError(f"R-Sparse rank must be positive, got {rank}")
+  svds = weight_svds(params) if svds is None else svds
   out = params
   for layer, sites in P.site_kernels(params).items():
     for site, kernels in sites.items():
       A, B = {}, {}
-      for name, W in kernels.items():
-        U, S, Vt = np.linalg.svd(np.asarray(W, np.float64), full_matrices=False)
-        r = min(rank, len(S))
-        A[name], B[name] = (jnp.asarray(U[:, :r] * S[:r], W.dtype),
-                            jnp.asarray(Vt[:r], W.dtype))
+      for name in kernels:
+        US, Vt, dtype = svds[layer, site, name]
+        r = min(rank if isinstance(rank, int) else rank[layer][site][name], len(Vt))
+        if r < 0:
+          raise GSIError(f"R-Sparse rank of {layer}/{site}/{name} must be >= 0, got {r}")
+        w = r if width is None else width[layer][site][name]
+        if w < r:
+          raise GSIError(f"{layer}/{site}/{name}: factor width {w} is below its rank {r}")
+        A_DR, B_RO = np.zeros((US.shape[0], w)), np.zeros((w, Vt.shape[1]))
+        A_DR[:, :r], B_RO[:r] = US[:, :r], Vt[:r]
+        A[name], B[name] = jnp.asarray(A_DR, dtype), jnp.asarray(B_RO, dtype)
       out = P.with_site(out, layer, site, {P.FACTOR_IN: A, P.FACTOR_OUT: B})
   return out
 

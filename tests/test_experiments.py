@@ -18,7 +18,10 @@ EXTRA = {"pareto": ["--svd_ranks=4", "--sparsity=0.3", "--k=4", "--eps=0.6", "--
                     "--ladder=2", "--head_k=4", "--head_eps=0.5", "--learned",
                     "--learned_sparsity=0.3", "--learned_eps=0.6", "--learned_steps=2",
                     "--residual_k=2,4", "--residual_sparsity=0.3", "--rsparse_ranks=2",
-                    "--rsparse_sparsity=0.3", "--learned_residual_k=2", "--learned_rank_max=4",
+                    "--rsparse_sparsity=0.3", "--rsparse_recipe_sparsity=0.3",
+                    "--rsparse_alpha=0.5,1", "--rsparse_search_population=3",
+                    "--rsparse_search_parents=2", "--rsparse_search_generations=1",
+                    "--rsparse_search_windows=2", "--learned_residual_k=2", "--learned_rank_max=4",
                     "--greedy_sparsity=0.3",
                     "--greedy_step=0.1", "--speed_repeats=1"]}
 SMALL = ["--calib_tokens=256", "--eval_tokens=128", "--seq_len=32", "--k=4,8",
@@ -145,6 +148,20 @@ def check_pareto(records):
       assert set(r["ranks"]) == set(r["allocation"])
       ranks = [k for sites in r["ranks"].values() for k in sites.values()]
       assert all(0 <= k <= 4 for k in ranks) and (not r["fallback"] or set(ranks) == {2})
+    if r["method"] == "rsparse" and r["knob"] == "s=0.3,alpha=1.0":  # rank 0: padding adds 0
+      assert r["calib_nll_padded"] == pytest.approx(r["calib_nll"], abs=1e-6)
+    if r["method"] == "rsparse_searched":  # from the better of alpha 0.5 and 1 on calibration
+      start = min((u for u in records if u["knob"] in ("s=0.3,alpha=0.5", "s=0.3,alpha=1.0")),
+                  key=lambda u: u["calib_nll"])
+      assert r["start_alpha"] == float(start["knob"].split("=")[-1])
+      assert r["calib_nll_uniform"] == start["calib_nll"]
+      assert r["fallback"] == (r["calib_nll_searched"] > r["calib_nll_uniform"])
+      assert len(r["search"]) == 2 and "uniform_ppl_ratio_at_bytes" in r
+      alphas = [a for s in r["allocation"].values() for a in s.values()]
+      assert all(0 <= a <= 1 for a in alphas) and (not r["fallback"] or set(alphas) ==
+                                                   {r["start_alpha"]})
+      assert r["fallback"] or r["allocation"] == r["searched_allocation"]
+      assert r["search"][-1]["best"] <= r["search"][0]["start"]
     if r["method"] == "sparsity_greedy":
       assert set(r["allocation"]) == set(r["kept_share_by_layer"])
       assert all(0 <= v < 1 for s in r["allocation"].values() for v in s.values())

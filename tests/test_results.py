@@ -70,8 +70,10 @@ def test_pareto_summaries_are_recomputed_from_its_records(pareto):
   result = load("pareto.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(pareto, result)
-  # residual_rank_learned came after this run; its records are in pareto_rank.json.
-  assert {r["method"] for r in records} == set(pareto.METHODS) - {"residual_rank_learned"}
+  # residual_rank_learned and rsparse_searched came after this run; their records are in
+  # pareto_rank.json and pareto_rsparse.json.
+  assert {r["method"] for r in records} == set(pareto.METHODS) - {"residual_rank_learned",
+                                                                  "rsparse_searched"}
   end = config["dense_tokens_per_s_end"]
   best = config["best_measured"][1]
   assert (best["method"], best["knob"]) == ("sparsity", "target=0.25")
@@ -218,3 +220,45 @@ def test_pareto_paired_times_dense_beside_every_record(pareto):
   kept_rows = [r for r in records if r["method"] != "cats" and r["bytes_fraction"] < 0.999]
   of_ideal = [r["measured_speedup"] * r["bytes_fraction"] for r in kept_rows]
   assert (round(min(of_ideal), 2), round(max(of_ideal), 2)) == (0.73, 0.98)
+
+
+def test_rsparse_recipe_and_search(pareto):
+  """RESULTS §15: alpha = 1 (magnitude sparsity) is R-Sparse's best uniform split at both s;
+  the search fell back at s = 0.4 and, at s = 0.5, lowered 29 of 120 sites, 3.3362 -> 3.3215
+  on calibration text, x1.671 against x1.655 held out; padded and unpadded runs of one recipe
+  differ by up to 0.011 nats, more than the search gained at s = 0.4."""
+  result = load("pareto_rsparse.json")
+  check_pareto_summaries(pareto, result)
+  by = {(r["method"], r["knob"]): r for r in result["records"]}
+  for s, sparsity in (("0.4", 1.188), ("0.5", 1.655)):
+    grid = {a: by["rsparse", f"s={s},alpha={a}"] for a in ("0.8", "0.9", "1.0")}
+    assert [round(grid[a]["ppl_ratio"], 3) for a in ("1.0", "0.9", "0.8")] == sorted(
+        round(grid[a]["ppl_ratio"], 3) for a in grid)
+    assert min(grid, key=lambda a: grid[a]["calib_nll"]) == "1.0"
+    assert round(grid["1.0"]["ppl_ratio"], 3) == sparsity == round(
+        by["sparsity", f"target={s}"]["ppl_ratio"], 3)
+    assert grid["1.0"]["calib_nll_padded"] == grid["1.0"]["calib_nll"]  # rank 0 everywhere
+    searched = by["rsparse_searched", f"s={s}"]
+    assert searched["start_alpha"] == 1.0
+    assert searched["fallback"] == (s == "0.4")
+    assert searched["fallback"] == (searched["calib_nll_searched"] > searched["calib_nll_uniform"])
+  low = by["rsparse_searched", "s=0.4"]
+  assert (round(low["search"][-1]["best"], 4), round(low["calib_nll_searched"], 4)) == (2.9641,
+                                                                                        2.9750)
+  high = by["rsparse_searched", "s=0.5"]
+  alphas = [a for sites in high["allocation"].values() for a in sites.values()]
+  assert (len(alphas), sum(a < 1 for a in alphas)) == (120, 29)
+  assert (round(min(alphas), 2), round(max(a for a in alphas if a < 1), 3)) == (0.77, 0.998)
+  assert (round(high["calib_nll_uniform"], 4), round(high["calib_nll_searched"], 4)) == (3.3362,
+                                                                                          3.3215)
+  assert (round(high["ppl_ratio"], 3), round(high["top1_agreement"], 3)) == (1.671, 0.606)
+  assert round(high["uniform_ppl_ratio_at_bytes"], 3) == 1.704
+  # The search's gain in its padded program, against the gap between padded and unpadded
+  # runs of one recipe (the searched ones, and the alpha grid's).
+  gains = [round(r["search"][0]["start"] - r["search"][-1]["best"], 4) for r in (low, high)]
+  gaps = [round(r["search"][-1]["best"] - r["calib_nll_searched"], 4) for r in (low, high)]
+  assert gains == [0.0036, 0.0219] and gaps == [-0.0109, -0.0072]
+  grid_gaps = [round(by["rsparse", f"s={s},alpha={a}"]["calib_nll_padded"] -
+                     by["rsparse", f"s={s},alpha={a}"]["calib_nll"], 4)
+               for s in ("0.4", "0.5") for a in ("0.8", "0.9")]
+  assert grid_gaps == [0.0026, 0.004, -0.0071, 0.0]
