@@ -745,7 +745,8 @@ def plot(records, out):
 
 def plot_allocation(records, out):
   """Per site and layer, each allocated record's share (kept inputs, or fast tokens: learned,
-  or TEAL's greedy) on held-out text, beside the uniform allocation's at the same target."""
+  TEAL's greedy, or R-Sparse's searched recipe) on held-out text, beside the uniform
+  allocation's at the same target (the searched recipe: its uniform start)."""
   allocated = [r for r in records if r["method"] in ALLOCATED]
   if not allocated:
     return
@@ -778,8 +779,8 @@ def plot_allocation(records, out):
                      ls="--", marker=".", ms=3, lw=0.7)
       ranks.set_ylabel("rank k (dashed)")
   axes[0][0].legend(fontsize=7)
-  fig.suptitle("learned or greedy per-site allocation (solid) and uniform (dotted), held-out "
-               "text; learned ranks dashed", fontsize=9)
+  fig.suptitle("learned, greedy or searched per-site allocation (solid) and uniform (dotted), "
+               "held-out text; learned ranks dashed", fontsize=9)
   experiment.save_figure(fig, out.replace(".json", "_allocation.json"))
 
 

@@ -216,6 +216,20 @@ def test_pareto_cats_needs_a_gated_mlp_before_calibration(tiny_folder, tmp_path)
   assert not any(tmp_path.iterdir())  # nothing was calibrated
 
 
+@pytest.mark.parametrize("bad, message", [
+    (["--rsparse_alpha=1.5"], "--rsparse_alpha values must lie in [0, 1]"),
+    (["--rsparse_recipe_sparsity=1"], "--rsparse_recipe_sparsity targets must lie in [0, 1)"),
+    (["--rsparse_search_parents=8"], "needs 2 <= parents < population"),
+    (["--rsparse_search_windows=0"], "search windows must be >= 1"),
+    (["--methods=rsparse_searched", "--rsparse_alpha="], "give at least one"),
+])
+def test_pareto_rsparse_flags_fail_before_loading(bad, message, tmp_path):
+  proc = run_script(bad + [f"--bases_dir={tmp_path}", f"--out={tmp_path / 'p.json'}"],
+                    "pareto.py")
+  assert_one_error_line(proc, message)
+  assert not any(tmp_path.iterdir())
+
+
 def run_script(args, script="quality_table.py", cwd=ROOT, folder="experiments"):
   return subprocess.run([sys.executable, os.path.join(ROOT, folder, script)] + args,
                         capture_output=True, text=True, cwd=cwd,

@@ -253,6 +253,8 @@ def test_rsparse_recipe_and_search(pareto):
                                                                                           3.3215)
   assert (round(high["ppl_ratio"], 3), round(high["top1_agreement"], 3)) == (1.671, 0.606)
   assert round(high["uniform_ppl_ratio_at_bytes"], 3) == 1.704
+  assert round(high["bytes_fraction"] / by["rsparse", "s=0.5,alpha=1.0"]["bytes_fraction"],
+               4) == 0.9986
   # The search's gain in its padded program, against the gap between padded and unpadded
   # runs of one recipe (the searched ones, and the alpha grid's).
   gains = [round(r["search"][0]["start"] - r["search"][-1]["best"], 4) for r in (low, high)]
