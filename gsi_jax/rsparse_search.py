@@ -62,10 +62,6 @@ class SearchConfig:
     if self.windows < 1:
       raise GSIError(f"R-Sparse search windows must be >= 1, got {self.windows}")
 
-  @property
-  def evaluations(self) -> int:
-    return self.population + self.generations * (self.population - self.parents)
-
 
 def check_budget(sparsity: float, alpha: float | None = None):
   if not 0 <= sparsity < 1:
