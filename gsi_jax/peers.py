@@ -81,9 +81,6 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
   (of x Q at a rotated site, of the residual x − x V_k V_kᵀ at a site with V_k)."""
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
-  _, state = model.forward(params, windows_NT[:max_windows], None,
-                           collections=(P.SITE_INPUTS,))
-
   def site_input(layer, site, x):  # what the site thresholds
     x, node = np.asarray(x, np.float32), params[layer][site]
     if P.ROTATION in node:  # LaRoSA: x Q
@@ -94,7 +91,7 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
     return x
   return {layer: {site: float(np.quantile(np.abs(site_input(layer, site, x)), sparsity))
                   for site, x in sites.items()}
-          for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items()}
+          for layer, sites in model.site_inputs(params, windows_NT[:max_windows]).items()}
 
 
 def apply_sparsity(params, thresholds: dict):
@@ -115,11 +112,8 @@ def cats_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
   _check_gated_mlp(model)
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
-  _, state = model.forward(params, windows_NT[:max_windows], None,
-                           collections=(P.SITE_INPUTS,))
-  inputs = P.unwrap_sown(state[P.SITE_INPUTS])
   out = {}
-  for layer, sites in inputs.items():
+  for layer, sites in model.site_inputs(params, windows_NT[:max_windows]).items():
     W_gate = params[layer]["mlp_in"][P.KERNEL]["gate"]
     a = activation(model.config.activation, jnp.asarray(sites["mlp_in"], jnp.float32)
                    @ jnp.asarray(W_gate, jnp.float32))

@@ -97,13 +97,11 @@ class Recipes:
     check_budget(sparsity)
     self.params, self.sparsity = params, sparsity
     self.svds = peers.weight_svds(params) if svds is None else svds
-    _, state = model.forward(params, windows_NT[:max_windows], None,
-                             collections=(P.SITE_INPUTS,))
     levels = np.linspace(0, 1, QUANTILE_LEVELS)
     self.quantiles = {
         layer: {site: np.quantile(np.abs(np.asarray(x, np.float32)), levels)
                 for site, x in sites.items()}
-        for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items()}
+        for layer, sites in model.site_inputs(params, windows_NT[:max_windows]).items()}
     self.sites = [(layer, site) for layer, sites in P.site_kernels(params).items()
                   for site in sites]
     self.widths = map_ranks(params, sparsity, P.per_site(params, 0.0))

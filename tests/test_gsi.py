@@ -97,8 +97,8 @@ def test_batch1_skip_equals_masked_select(tiny, name):
 def test_gram_matrices_are_site_input_products(tiny):
   model, _, _ = tiny("llama_gqa")
   grams = calibration.gram_matrices(model, model.params, CALIB[:3], batch_size=2, progress=False)
-  _, state = model.forward(model.params, CALIB[:3], collections=(P.SITE_INPUTS,))
-  x = np.asarray(state["site_inputs"]["layer_1"]["mlp_out"]["x"][0], np.float64).reshape(-1, 64)
+  x = np.asarray(model.site_inputs(model.params, CALIB[:3])["layer_1"]["mlp_out"],
+                 np.float64).reshape(-1, 64)
   np.testing.assert_allclose(grams["layer_1"]["mlp_out"], x.T @ x, rtol=1e-4, atol=1e-4)
 
 

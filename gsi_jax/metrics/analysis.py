@@ -48,9 +48,7 @@ def residual_ratios(model, params, bases, windows_NT: np.ndarray, ks: list[int],
   """
   out: dict = {}
   for i in range(0, len(windows_NT), batch_size):
-    _, state = model.forward(params, windows_NT[i:i + batch_size], None,
-                             collections=(P.SITE_INPUTS,))
-    for layer, sites in P.unwrap_sown(state[P.SITE_INPUTS]).items():
+    for layer, sites in model.site_inputs(params, windows_NT[i:i + batch_size]).items():
       for site, x in sites.items():
         x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
         V = bases.vectors[layer][site].astype(np.float64)

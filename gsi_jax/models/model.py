@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError
+from gsi_jax.models import params as P
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
 from gsi_jax.ops import Gate
@@ -166,6 +167,11 @@ class Model:
     """Logits plus the sown collections ("gate_stats", "site_inputs")."""
     check_gate(gate)
     return _forward(self.module, params, self.ids(input_ids), gate, tuple(collections))
+
+  def site_inputs(self, params, input_ids, gate: Gate | None = None) -> dict:
+    """{layer: {site: x (B, T, d)}}: what every site's maps read in this forward."""
+    _, state = self.forward(params, input_ids, gate, collections=(P.SITE_INPUTS,))
+    return P.unwrap_sown(state[P.SITE_INPUTS])
 
   def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
                return_stats: bool = False, stop_at_eos: bool = True):
