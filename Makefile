@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(PY) -m gsi_jax.demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

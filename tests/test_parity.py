@@ -31,6 +31,21 @@ def test_kv_cache_decode_equals_full_forward(tiny_folder, name):
   np.testing.assert_array_equal(out[:, 4:], full[:, 3:].argmax(-1))
 
 
+def test_prompts_of_one_bucket_share_one_program_and_decode_exactly(tiny_folder):
+  """Prompts are padded on the right to PROMPT_BUCKET tokens: lengths 3, 4 and 9 compile
+  one decode program, and each still decodes the argmax of a full forward over its own
+  prefix.  GPT-2's 64 positions leave no room to pad 50 + 12 tokens: unpadded, exact."""
+  from gsi_jax.models import model as model_module
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  before = model_module._generate._cache_size()
+  for T, n in ((3, 6), (4, 6), (9, 6), (50, 12)):
+    out = np.asarray(model.generate(model.params, IDS[:, :1].repeat(T, 1) + np.arange(T),
+                                    max_new_tokens=n, stop_at_eos=False))
+    full = np.asarray(model.logits(model.params, out[:, :-1]))
+    np.testing.assert_array_equal(out[:, T:], full[:, T - 1:].argmax(-1))
+  assert model_module._generate._cache_size() - before == 2  # one bucket, then unpadded
+
+
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_greedy_equals_hf_generate(tiny_folder, name):
   folder, ref = tiny_folder(name)

@@ -36,28 +36,37 @@ def _forward(module, params, ids_BT, gate, collections=()):
   return logits, state
 
 
+# Prompts are padded on the right to a multiple of this many tokens, so that prompts of
+# nearby lengths share one compiled decode program.
+PROMPT_BUCKET = 16
+
+
 @functools.partial(jax.jit, static_argnames=("module", "max_new_tokens"))
-def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
+def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids):
   """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts.
 
-  The loop ends early once every row has produced one of eos_ids (empty or
-  negative: never); a finished row repeats its end-of-sequence token.
+  ids_BL holds the prompt in its first prompt_len columns; the rest is padding, which
+  no real position attends to (attention is causal by position) and which the decode
+  steps overwrite in the cache before they attend to it.  The loop ends early once
+  every row has produced one of eos_ids (empty or negative: never); a finished row
+  repeats its end-of-sequence token.
   """
-  B, T = ids_BT.shape
+  B, L = ids_BL.shape
   dtype = jax.tree.leaves(params["embed"])[0].dtype
-  cache = init_cache(module.config, B, T + max_new_tokens, dtype)
+  cache = init_cache(module.config, B, L + max_new_tokens, dtype)
 
-  def step(ids, start, cache):
+  def step(ids, start, cache, last):
     (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
                                           mutable=["gate_stats"])
     counts = _fast_counts(state.get("gate_stats", {}))
-    return jnp.argmax(logits[:, -1], -1).astype(ids_BT.dtype), cache, counts
+    logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
+    return jnp.argmax(logits_BV, -1).astype(ids_BL.dtype), cache, counts
 
   def finished(tok):
     return jnp.any(tok[:, None] == eos_ids[None, :], -1)
 
-  tok, cache, counts = step(ids_BT, 0, cache)
-  out = jnp.zeros((B, max_new_tokens), ids_BT.dtype).at[:, 0].set(tok)
+  tok, cache, counts = step(ids_BL, 0, cache, prompt_len - 1)
+  out = jnp.zeros((B, max_new_tokens), ids_BL.dtype).at[:, 0].set(tok)
   zero_counts = jax.tree.map(jnp.zeros_like, counts)
 
   def cond(carry):
@@ -66,7 +75,7 @@ def _generate(module, params, ids_BT, gate, max_new_tokens, eos_ids):
 
   def body(carry):
     tok, cache, i, done, out, total = carry
-    nxt, cache, counts = step(tok[:, None], T + i - 1, cache)
+    nxt, cache, counts = step(tok[:, None], prompt_len + i - 1, cache, 0)
     nxt = jnp.where(done, tok, nxt)
     out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))
     return nxt, cache, i + 1, done | finished(nxt), out, jax.tree.map(jnp.add, total, counts)
@@ -191,12 +200,18 @@ class Model:
     if ids.shape[1] == 0:
       raise GSIError("generate takes a (batch, tokens) prompt of at least one token, "
                      f"got shape {ids.shape}")
-    self.check_length(ids.shape[1] + int(max_new_tokens), "prompt plus new tokens")
-    self.check_cache_fits(ids.shape[0], ids.shape[1] + int(max_new_tokens))
+    T, N = ids.shape[1], int(max_new_tokens)
+    self.check_length(T + N, "prompt plus new tokens")
+    L = -(-T // PROMPT_BUCKET) * PROMPT_BUCKET
+    c = self.config
+    if c.learned_positions and L + N + c.position_offset > c.learned_positions:
+      L = T  # the position table ends before the padding would
+    self.check_cache_fits(ids.shape[0], L + N)
     # Never-matching ids of the same shape: decoding with and without the stop shares
     # one compiled program.
     eos = jnp.asarray(self.eos_ids if stop_at_eos else (-1,) * len(self.eos_ids), jnp.int32)
-    new, steps, counts = _generate(self.module, params, ids, gate, int(max_new_tokens), eos)
+    new, steps, counts = _generate(self.module, params, jnp.pad(ids, ((0, 0), (0, L - T))),
+                                   jnp.int32(T), gate, N, eos)
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
       return out
