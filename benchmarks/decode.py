@@ -113,7 +113,7 @@ def check_against_model(model, points, ids) -> None:
   if ids.shape[1] == 0:
     raise GSIError("--prompt encodes to no tokens; give some text")
   model.check_length(ids.shape[1] + _NEW.value, "--prompt plus --max_new_tokens")
-  model.check_cache_fits(1, ids.shape[1] + _NEW.value)
+  model.check_cache_fits(1, model.cache_tokens(ids.shape[1], _NEW.value))
 
 
 def main(argv):

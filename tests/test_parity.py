@@ -44,6 +44,7 @@ def test_prompts_of_one_bucket_share_one_program_and_decode_exactly(tiny_folder)
     full = np.asarray(model.logits(model.params, out[:, :-1]))
     np.testing.assert_array_equal(out[:, T:], full[:, T - 1:].argmax(-1))
   assert model_module._generate._cache_size() - before == 2  # one bucket, then unpadded
+  assert (model.cache_tokens(9, 6), model.cache_tokens(50, 12)) == (16 + 6, 50 + 12)
 
 
 @pytest.mark.parametrize("name", sorted(TINY))

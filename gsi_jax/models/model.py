@@ -156,6 +156,15 @@ class Model:
   def ids(self, input_ids, what: str = "input_ids", ndim: int = 2) -> jax.Array:
     return check_ids(input_ids, self.config.vocab_size, what, ndim)
 
+  def cache_tokens(self, prompt_tokens: int, new_tokens: int) -> int:
+    """The KV cache `generate` allocates: the prompt padded to PROMPT_BUCKET tokens (not
+    padded where a learned position table ends first), plus the new tokens."""
+    c = self.config
+    padded = -(-prompt_tokens // PROMPT_BUCKET) * PROMPT_BUCKET
+    if c.learned_positions and padded + new_tokens + c.position_offset > c.learned_positions:
+      padded = prompt_tokens
+    return padded + new_tokens
+
   def check_cache_fits(self, batch: int, tokens: int) -> None:
     """Refuse a KV cache larger than the device's memory, before allocating it."""
     c = self.config
@@ -202,10 +211,7 @@ class Model:
                      f"got shape {ids.shape}")
     T, N = ids.shape[1], int(max_new_tokens)
     self.check_length(T + N, "prompt plus new tokens")
-    L = -(-T // PROMPT_BUCKET) * PROMPT_BUCKET
-    c = self.config
-    if c.learned_positions and L + N + c.position_offset > c.learned_positions:
-      L = T  # the position table ends before the padding would
+    L = self.cache_tokens(T, N) - N  # the padded prompt
     self.check_cache_fits(ids.shape[0], L + N)
     # Never-matching ids of the same shape: decoding with and without the stop shares
     # one compiled program.
