@@ -81,6 +81,7 @@ def sparsity_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
   (of x Q at a rotated site, of the residual x − x V_k V_kᵀ at a site with V_k)."""
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
+
   def site_input(layer, site, x):  # what the site thresholds
     x, node = np.asarray(x, np.float32), params[layer][site]
     if P.ROTATION in node:  # LaRoSA: x Q
