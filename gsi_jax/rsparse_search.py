@@ -33,7 +33,8 @@ from gsi_jax import metrics, peers
 from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
 
-QUANTILE_LEVELS = 4001  # the |x| quantile table each site's thresholds are read from
+# The |x| quantile table each site's thresholds are read from: these levels in [0, 1].
+QUANTILE_LEVELS = np.linspace(0, 1, 4001)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +98,8 @@ class Recipes:
     check_budget(sparsity)
     self.params, self.sparsity = params, sparsity
     self.svds = peers.weight_svds(params) if svds is None else svds
-    levels = np.linspace(0, 1, QUANTILE_LEVELS)
     self.quantiles = {
-        layer: {site: np.quantile(np.abs(np.asarray(x, np.float32)), levels)
+        layer: {site: np.quantile(np.abs(np.asarray(x, np.float32)), QUANTILE_LEVELS)
                 for site, x in sites.items()}
         for layer, sites in model.site_inputs(params, windows_NT[:max_windows]).items()}
     self.sites = [(layer, site) for layer, sites in P.site_kernels(params).items()
@@ -121,8 +121,7 @@ class Recipes:
     keep = kept_share(self.sparsity, alpha)
     if keep <= 0:
       return float("inf")
-    levels = np.linspace(0, 1, QUANTILE_LEVELS)
-    return float(np.interp(1 - keep, levels, self.quantiles[layer][site]))
+    return float(np.interp(1 - keep, QUANTILE_LEVELS, self.quantiles[layer][site]))
 
   def tree(self, alphas: dict, padded: bool = False):
     """The R-Sparse tree of α per site; padded: factors at the width of α = 0 (the same
