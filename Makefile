@@ -24,10 +24,10 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model (about 90 minutes on 2 cores
-# before the three learned-rank records were added, which take about 25 more, and R-Sparse's
-# recipe at s = 0.5 with its search, about 10 more: the one Pareto sweep of every method,
-# with its timed decodes and learned budgets; BUILD_NOTES.md, issue 21).
+# Every table and figure of results/ for the default model. The one Pareto sweep of every
+# method, with its timed decodes and learned budgets, took 71 minutes on an idle 2-core AMD
+# EPYC; the other scripts about 31 when last timed, on a slower machine (BUILD_NOTES.md,
+# issue 21, part 7).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
 	$(PY) -m gsi_jax.demo --out results/demo.json
@@ -39,8 +39,8 @@ results: $(STAMP)
 	$(PY) experiments/calibration_cost.py --k 256
 	$(PY) experiments/storage_overhead.py
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
-	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.1,0.2,0.5 --eval_tokens 4096 --learned \
-	  --sparsity 0,0.1,0.25,0.4,0.5,0.6,0.7 --residual_k 16,32,64 --residual_sparsity 0.4,0.5,0.6 \
+	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.5 --eval_tokens 4096 --learned \
+	  --sparsity 0,0.1,0.25,0.4,0.5,0.6 --head_eps 0.1 --residual_k 16,32,64 --residual_sparsity 0.4,0.5,0.6 \
 	  --rsparse_ranks 8,32 --rsparse_sparsity 0.4,0.5 --rsparse_recipe_sparsity 0.5 \
 	  --rsparse_alpha 0.9,1.0 --learned_residual_k 16 --learned_rank_max 64 \
 	  --cats_sparsity 0,0.2,0.3,0.4,0.5
