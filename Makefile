@@ -24,10 +24,9 @@ test: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model. The one Pareto sweep of every
-# method, with its timed decodes and learned budgets, took 71 minutes on an idle 2-core AMD
-# EPYC; the other scripts about 31 when last timed, on a slower machine (BUILD_NOTES.md,
-# issue 21, part 7).
+# Every table and figure of results/ for the default model: about 1 h 30 min on an idle
+# 2-core AMD EPYC, 71 minutes of it the one Pareto sweep of every method with its timed
+# decodes and learned budgets (BUILD_NOTES.md, issue 21, part 7).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
 	$(PY) -m gsi_jax.demo --out results/demo.json
