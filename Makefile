@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 
-.PHONY: demo test results notebook benchmarks scale clean
+.PHONY: demo test test-multiprocess results notebook benchmarks scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,8 +18,13 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m gsi_jax.demo
 
+# The tests that start several real processes (marked multiprocess: about 15 minutes here)
+# run apart, so that each command stays within 25 minutes on a fresh clone; CI runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m "not multiprocess" tests
+
+test-multiprocess: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m multiprocess tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -72,4 +72,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="measures one process's calibration time and memory")

@@ -173,4 +173,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="times one device's decode against PyTorch's")

@@ -77,4 +77,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="lowers programs for one device")

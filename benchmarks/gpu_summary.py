@@ -80,4 +80,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="summarises one device's check")

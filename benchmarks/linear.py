@@ -133,4 +133,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="times one map on one device")

@@ -41,4 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="writes a checkpoint from one process")

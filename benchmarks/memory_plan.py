@@ -32,6 +32,7 @@ _FIT_ON = flags.DEFINE_string(
     "A one-process scale.py JSON: fits each phase's per-process constant.")
 _CHECK = flags.DEFINE_list(
     "check", ["results/benchmarks/scale-gptj-6b-4-layers-2-processes.json",
+              "results/benchmarks/scale-gptj-6b-4-layers-4-processes.json",
               "results/benchmarks/scale-gptj-6b.json", "results/benchmarks/scale-opt-6.7b.json"],
     "scale.py JSONs the fitted model predicts.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/memory_plan.json", "JSON output.")
@@ -94,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, one_process="models memory from records, with no compute to share")

@@ -17,10 +17,12 @@ Token ids are random too.  Phases, each in this one process:
              by construction (gigabytes of weights per token), against the byte
              ideal of the same parameters and measured fast shares.
 
-On several processes (--coordinator_address, --num_processes, --process_id) the
-load and the calibration run on one mesh over all of them, each process reading
-its columns of the weights; every process's peak resident memory is reported
-(`per_process`).  Eigh on the host and decode stay single-process phases.
+On several processes (--coordinator_address, --num_processes, --process_id) every
+phase runs on one mesh over all of them, each process reading its columns of the
+weights: the Gram matrices of the eigh layers are gathered whole on each process,
+which solves them as one process would, and decode steps are tensor-parallel across
+the processes, so their tokens/s are those of the mesh, not of one process.  Every
+process's peak resident memory is reported (`per_process`).
 """
 
 import dataclasses
@@ -222,12 +224,16 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
   return result
 
 
-def decode_at_layer_shape(cfg: ScaleConfig, ids) -> dict:
+def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
   """Dense, static and gated decode of the model cut to --decode_layers blocks."""
-  model = gsi_jax.load_model(cfg.checkpoint, cfg.decode_dtype, n_layers=cfg.decode_layers)
+  model = gsi_jax.load_model(cfg.checkpoint, cfg.decode_dtype, n_layers=cfg.decode_layers,
+                             mesh=mesh)
   bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
-                            seq_len=cfg.seq_len, source="random token ids", progress=False)
+                            seq_len=cfg.seq_len, source="random token ids", progress=False,
+                            mesh=mesh)
   params = gsi_jax.apply_gsi(model.params, bases, cfg.decode_k)
+  if mesh is not None:
+    params = sharding.shard_params(params, mesh)
   # The gated point's eps and the prompt come from ids the bases never saw: on calibration
   # tokens rho is in-sample (at k >= their count, ~0, and the gate would never fire).
   held_out = np.random.default_rng(1).integers(0, model.config.vocab_size,
@@ -305,7 +311,7 @@ def run(cfg: ScaleConfig) -> dict:
                  for site, d in sites.items()}), **calib}
   del model
   if cfg.decode_layers:
-    result.update(decode_at_layer_shape(cfg, ids))
+    result.update(decode_at_layer_shape(cfg, ids, mesh))
   return result
 
 
@@ -321,11 +327,7 @@ def main(argv):
       out=_OUT.value or f"results/benchmarks/scale-{_SHAPE.value}.json")
   out = experiment.check_output_path(cfg.out)
   check_depth(cfg)
-  if jax.process_count() > 1 and (cfg.eigh_layers or cfg.decode_layers or "eigh" in cfg.methods):
-    raise GSIError("on several processes scale.py measures load and streaming calibration "
-                   "only: pass --eigh_layers=0 --decode_layers=0 and --method without eigh")
   experiment.write_json(out, run(cfg))
-  logging.info("wrote %s", out)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import allocation, cli, experiment, greedy_sparsity, metrics, peers, rsparse_search
+from gsi_jax import (allocation, cli, distributed, experiment, greedy_sparsity, metrics, peers,
+                     rsparse_search, sharding)
 from gsi_jax.benchmarking import decode_tokens_per_s, paired_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
@@ -299,6 +300,12 @@ class Evaluator:
 
   def __init__(self, s: experiment.Setup, c: ParetoConfig):
     self.s, self.c, self.model = s, c, s.model
+    # The tree every method rewrites.  On several processes the rewrites read whole
+    # weights on the host (each process the same), and every tree they write is placed
+    # back on the mesh before it is scored or decoded (`placed`).
+    self.mesh = sharding.make_mesh() if jax.device_count() > 1 else None
+    self.base = (jax.tree.map(distributed.host_copy, s.model.params)
+                 if jax.process_count() > 1 else s.model.params)
     self.dense = metrics.score(s.model, s.model.params, s.held_out.ids)
     self.dense_bytes = mbytes.dense_bytes(s.model.params)
     self.dense_gen = {p: self._generate(s.model.params, p) for p in s.config.prompts}
@@ -306,9 +313,14 @@ class Evaluator:
     if self.dense_tokens_per_s:
       logging.info("dense decode: %.1f tokens/s", self.dense_tokens_per_s)
 
+  def placed(self, params):
+    """params on the mesh, as the model's own are (unchanged on one device)."""
+    return params if self.mesh is None else sharding.shard_params(params, self.mesh)
+
   def _generate(self, params, prompt, gate=None):
-    return np.asarray(self.model.generate(params, self.model.encode(prompt)[None],
-                                          self.s.config.max_new_tokens, gate))
+    return distributed.host_copy(self.model.generate(
+        self.placed(params), self.model.encode(prompt)[None], self.s.config.max_new_tokens,
+        gate))
 
   def _timed_ids(self):
     return self.model.encode(self.s.config.prompts[0])[None]
@@ -317,7 +329,7 @@ class Evaluator:
     """(tokens/s, compile s) of batch-1 greedy decode; (None, None) without timing."""
     if not self.c.speed_repeats:
       return None, None
-    return decode_tokens_per_s(self.model, params, self._timed_ids(),
+    return decode_tokens_per_s(self.model, self.placed(params), self._timed_ids(),
                                self.s.config.max_new_tokens, self.c.speed_repeats, gate)
 
   def beside_dense(self, params, gate):
@@ -328,22 +340,23 @@ class Evaluator:
       return None
     (tps, compile_s), (dense_tps, _) = paired_tokens_per_s(
         self.model, self._timed_ids(), self.s.config.max_new_tokens, self.c.speed_repeats,
-        [(params, gate), (self.model.params, None)])
+        [(self.placed(params), gate), (self.model.params, None)])
     return tps, compile_s, dense_tps
 
   def calib_nll(self, params, gate, windows: int = 8) -> float:
     """Mean next-token NLL on the first calibration windows (where budgets are set)."""
-    return float(metrics.score(self.model, params, self.s.calib.ids[:windows], gate)["nll"].mean())
+    return float(metrics.score(self.model, self.placed(params), self.s.calib.ids[:windows],
+                               gate)["nll"].mean())
 
   def calib_bytes_fraction(self, params, gate, bytes_of, windows: int = 8) -> float:
     """Bytes per token / dense on the first calibration windows (the learned budgets'
     scale is set here, never on held-out text)."""
-    scores = metrics.score(self.model, params, self.s.calib.ids[:windows], gate)
+    scores = metrics.score(self.model, self.placed(params), self.s.calib.ids[:windows], gate)
     return bytes_of(scores) / self.dense_bytes
 
   def record(self, method, knob, params, gate, bytes_of, **extra):
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text)."""
-    scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
+    scores = metrics.score(self.model, self.placed(params), self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
     same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
@@ -397,7 +410,7 @@ def sweep_gsi(ev, c: ParetoConfig, method: str, variant) -> list[dict]:
 def sweep_static(ev, c: ParetoConfig) -> list[dict]:
   records = []
   for k in c.base.k:
-    params = gsi_jax.apply_gsi(ev.model.params, ev.s.bases, k)
+    params = gsi_jax.apply_gsi(ev.base, ev.s.bases, k)
     records.append(ev.record("static", f"k={k}", params,
                              gsi_jax.make_gate(0.0, "static", impl=c.base.impl),
                              gated_bytes(params)))
@@ -406,7 +419,7 @@ def sweep_static(ev, c: ParetoConfig) -> list[dict]:
 
 
 def sweep_svd(ev, c: ParetoConfig, grams: dict) -> list[dict]:
-  base = ev.model.params
+  base = ev.base
   svds = peers.whitened_svds(base, grams)
   records = [ev.record("svd", f"rank={rank}", peers.svd_truncate(base, svds, rank), None,
                        lambda sc, r=rank: mbytes.svd_bytes(base, r)) for rank in c.svd_ranks]
@@ -435,7 +448,7 @@ def sweep_sparsity(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
 def sweep_larosa(ev, c: ParetoConfig, grams: dict) -> list[dict]:
   """Magnitude sparsity in each site's PCA basis (GSI's eigenbasis, all d columns) at
   the LaRoSA sites; Q is read at every token and counted."""
-  rotated = peers.apply_rotation(ev.model.params, peers.pca_bases(grams, c.larosa_sites))
+  rotated = peers.apply_rotation(ev.base, peers.pca_bases(grams, c.larosa_sites))
   records = []
   for sp, thresholds in uniform_thresholds(ev, rotated, c.sparsity).items():
     params = peers.apply_sparsity(rotated, thresholds)
@@ -446,12 +459,12 @@ def sweep_larosa(ev, c: ParetoConfig, grams: dict) -> list[dict]:
 
 def sweep_head(ev, c: ParetoConfig, sparse: dict) -> list[dict]:
   """The gated LM head alone (dense sites), then on top of each sparsity level."""
-  V_head, _, _ = gsi_jax.head_basis(ev.model, ev.model.params, ev.s.calib.ids, c.head_k)
+  V_head, _, _ = gsi_jax.head_basis(ev.model, ev.base, ev.s.calib.ids, c.head_k)
   records = []
   for head_eps in c.head_eps:
     gate = gsi_jax.make_gate(0.0, head_eps=head_eps, impl=c.base.impl)  # sites stay dense
     if c.runs("head"):
-      head_only = gsi_jax.apply_gsi_head(ev.model.params, V_head, c.head_k)
+      head_only = gsi_jax.apply_gsi_head(ev.base, V_head, c.head_k)
       records.append(ev.record("head", f"head_k={c.head_k},head_eps={head_eps}", head_only,
                                gate, sparse_bytes(head_only)))
     for sp, params in sparse.items() if c.runs("sparsity+head") else ():
@@ -499,7 +512,7 @@ def sweep_learned(ev, c: ParetoConfig, thresholds: dict) -> list[dict]:
   """Learned per-site sparsity levels, learned per-site ε at the largest k, learned
   per-site residual thresholds at --learned_residual_k, and those thresholds learned
   with the residual's rank per site (from --learned_residual_k, up to --learned_rank_max)."""
-  base = ev.model.params
+  base = ev.base
   records = []
   if c.runs("sparsity_learned"):
     rebuild = lambda v: peers.apply_sparsity(base, v[P.THRESHOLD])
@@ -547,7 +560,7 @@ def sweep_residual(ev, c: ParetoConfig) -> list[dict]:
   """The subspace plus sparse residual: per k, the residual's thresholds for each target."""
   records = []
   for k in c.residual_k:
-    gsi_params = gsi_jax.apply_gsi(ev.model.params, ev.s.bases, k)
+    gsi_params = gsi_jax.apply_gsi(ev.base, ev.s.bases, k)
     for sp, t in uniform_thresholds(ev, gsi_params, c.residual_sparsity).items():
       params = gsi_jax.apply_residual_sparsity(gsi_params, t)
       records.append(ev.record("residual", f"k={k},target={sp}", params, None,
@@ -560,9 +573,9 @@ def sweep_residual(ev, c: ParetoConfig) -> list[dict]:
 def sweep_rsparse(ev, c: ParetoConfig) -> list[dict]:
   """R-Sparse: magnitude thresholds on x, the dropped inputs through a rank-r SVD of W."""
   records = []
-  thresholds = uniform_thresholds(ev, ev.model.params, c.rsparse_sparsity)
+  thresholds = uniform_thresholds(ev, ev.base, c.rsparse_sparsity)
   for rank in c.rsparse_ranks:
-    factored = peers.weight_factors(ev.model.params, rank)
+    factored = peers.weight_factors(ev.base, rank)
     for sp, t in thresholds.items():
       params = peers.apply_sparsity(factored, t)
       records.append(ev.record("rsparse", f"rank={rank},target={sp}", params, None,
@@ -576,7 +589,7 @@ def sweep_rsparse_recipes(ev, c: ParetoConfig) -> list[dict]:
   then alpha per site searched from the grid's best on calibration text (rsparse_searched).
   Where the searched recipe's calibration NLL (8 windows, as for learned allocations) is
   above its start's, the start is kept: fallback."""
-  base = ev.model.params
+  base = ev.base
   svds = peers.weight_svds(base)
   records = []
   for s in c.rsparse_recipe_sparsity:
@@ -614,7 +627,7 @@ def sweep_rsparse_recipes(ev, c: ParetoConfig) -> list[dict]:
 def sweep_cats(ev, c: ParetoConfig) -> list[dict]:
   """CATS: per layer, the |act(x W_gate)| threshold that drops each target share of the
   MLP channels; attention stays dense."""
-  base = ev.model.params
+  base = ev.base
   records = []
   for sp in c.cats_sparsity:
     params = peers.apply_cats(ev.model, base, peers.cats_thresholds(ev.model, base,
@@ -626,7 +639,7 @@ def sweep_cats(ev, c: ParetoConfig) -> list[dict]:
 
 def sweep_greedy(ev, c: ParetoConfig) -> list[dict]:
   """TEAL's greedy per-site sparsity levels, one path walked to the largest target."""
-  base = ev.model.params
+  base = ev.base
   thresholds, levels = greedy_sparsity.greedy_allocation(ev.model, base, ev.s.calib.ids,
                                                          c.greedy_sparsity, c.greedy)
   records = []
@@ -663,7 +676,7 @@ def best_measured(records) -> list[dict]:
 def pareto(c: ParetoConfig):
   s = experiment.prepare(c.base, check_model=c.check_model)
   ev = Evaluator(s, c)
-  base = s.model.params
+  base = ev.base
   records = []
   if c.runs("gsi"):
     records += sweep_gsi(ev, c, "gsi", lambda k: gsi_jax.apply_gsi(base, s.bases, k))
@@ -784,8 +797,18 @@ def plot_allocation(records, out):
   experiment.save_figure(fig, out.replace(".json", "_allocation.json"))
 
 
+def check_mesh(c: ParetoConfig) -> None:
+  """Refuse, before any compute, what does not yet score on a mesh as on one device."""
+  if jax.device_count() > 1 and c.rsparse_recipe_sparsity and (
+      c.runs("rsparse") or c.runs("rsparse_searched")):
+    raise GSIError("--rsparse_recipe_sparsity: R-Sparse's recipes score differently once their "
+                   "kernels are split over devices (BUILD_NOTES.md, several processes); pass "
+                   "--rsparse_recipe_sparsity= on several devices or processes")
+
+
 def main(argv):
   c = config_from_flags()
+  check_mesh(c)
   s, ev, records, budgets, speed = pareto(c)
   extra = {"budgets": budgets, "dense_bytes_per_token": ev.dense_bytes, **speed,
            **{f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name != "base"}}

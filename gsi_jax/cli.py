@@ -14,7 +14,7 @@ from typing import Callable
 
 from absl import app, flags
 
-from gsi_jax import distributed, experiment, text
+from gsi_jax import distributed, experiment, supervisor, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
 from gsi_jax.loading import DEFAULT_MODEL
@@ -65,6 +65,15 @@ def process_config() -> distributed.ProcessConfig:
       timeout_s=FLAGS.process_timeout_s)
 
 
+def _supervise(config: distributed.ProcessConfig) -> int:
+  """This process of several runs as a supervised child (gsi_jax.supervisor)."""
+  process = "auto" if config.process_id is None else str(config.process_id)
+  out = FLAGS["out"].value if "out" in FLAGS else None
+  script = os.path.splitext(os.path.basename(sys.argv[0]))[0]
+  return supervisor.supervise(process, config.num_processes,
+                              supervisor.log_path(out, script, process))
+
+
 def _join() -> None:
   """Join the other processes, then refuse any whose flags differ from process 0's."""
   distributed.initialize(process_config())
@@ -74,13 +83,16 @@ def _join() -> None:
   distributed.agree({**ours, "script": os.path.basename(sys.argv[0])})
 
 
-def run(main: Callable) -> None:
+def run(main: Callable, one_process: str | None = None) -> None:
   """app.run with project errors turned into `error: ...` and exit status 2; --help exits 0.
 
   With --coordinator_address (or --distributed_auto) the script runs as one of several
-  processes: they join, and their flags must agree, before main runs.
+  processes: each is supervised, they join, and their flags must agree, before main runs.
+  A script that measures one device says why in `one_process`, and is refused there.
   """
   sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
+  if supervisor.is_child():
+    supervisor.bind_to_supervisor()
   define_process_flags()
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n")
@@ -93,6 +105,15 @@ def run(main: Callable) -> None:
       fail(f"unexpected arguments {argv[1:]}; all options are --flags")
     for noisy in ("jax", "orbax", "absl", "httpx", "asyncio"):
       logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+      config = process_config()
+    except GSIError as e:
+      fail(str(e))
+    if config.joins and one_process:
+      fail(f"{os.path.basename(sys.argv[0])} {one_process}: run it as one process, without "
+           "--coordinator_address and --distributed_auto")
+    if config.joins and not supervisor.is_child():
+      sys.exit(_supervise(config))
     try:
       _join()
       main(argv)

@@ -9,7 +9,8 @@ process exactly as before.  Three things are added to what `jax.distributed` doe
   (another k, model or eps would make their collectives wait on each other forever).
 - A watchdog ends every process within `timeout_s` with one `error:` line when a
   peer never joins, stops answering, or fails.  JAX's own fate-sharing would end them
-  too, a little later, but through a C++ abort and its stack trace.
+  too, a little later, but through a C++ abort and its stack trace (which is all that
+  remains when process 0 dies: `gsi_jax.supervisor` turns that into one line).
 - `host_copy` and `is_primary`: whole host values of sharded arrays, and one writer.
 """
 
@@ -92,8 +93,9 @@ def initialize(config: ProcessConfig) -> None:
     joining.cancel()
   _joined.set()
   _Watchdog(config.timeout_s).start()
-  logging.info("process %d of %d joined; %d devices in all", jax.process_index(),
-               jax.process_count(), jax.device_count())
+  me, n = jax.process_index(), jax.process_count()
+  role = "computes and writes" if me == 0 else "computes, process 0 writes"
+  logging.info("process %d of %d: %s; %d devices in all", me, n, role, jax.device_count())
 
 
 def joined() -> bool:

@@ -103,7 +103,8 @@ def write_text_atomic(path: str, content: str) -> None:
 def write_json(path: str, value) -> str:
   """Strict JSON (no bare Infinity/NaN), written atomically."""
   write_text_atomic(path, json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n")
-  logging.info("wrote %s", path)
+  if distributed.is_primary():
+    logging.info("wrote %s", path)
   return path
 
 
@@ -266,5 +267,5 @@ def save_figure(fig, json_out: str) -> str:
   fig.tight_layout()
   if distributed.is_primary():
     fig.savefig(path, dpi=120)
-  logging.info("wrote %s", path)
+    logging.info("wrote %s", path)
   return path

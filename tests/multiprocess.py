@@ -27,12 +27,14 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch(args: list[str], n: int = 2, timeout: float = 240, skip: tuple[int, ...] = (),
-           extra: dict[int, list[str]] | None = None,
-           program: tuple[str, ...] = ("-m", "tests.multiprocess")) -> list[tuple]:
-  """(returncode, stdout, stderr) per process (returncode None: stopped at `timeout`);
-  processes in `skip` are never started; `extra` adds flags to some processes; `program`
-  is what python runs (this worker, or a script of the repository)."""
+def start(args: list[str], n: int = 2, skip: tuple[int, ...] = (),
+          extra: dict[int, list[str]] | None = None,
+          program: tuple[str, ...] = ("-m", "tests.multiprocess"),
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> dict[int, subprocess.Popen]:
+  """The processes of one run, by process id: those in `skip` are never started; `extra`
+  adds flags to some; `program` is what python runs (this worker, or a script of the
+  repository); `stdout` and `stderr` map a process id to where its output goes, or are
+  subprocess.PIPE."""
   port = free_port()
   procs = {}
   for pid in range(n):
@@ -41,9 +43,18 @@ def launch(args: list[str], n: int = 2, timeout: float = 240, skip: tuple[int, .
     cmd = [sys.executable, *program, *args, *(extra or {}).get(pid, []),
            f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={n}",
            f"--process_id={pid}"]
-    procs[pid] = subprocess.Popen(cmd, cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE,
-                                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    procs[pid] = subprocess.Popen(
+        cmd, cwd=ROOT, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=stdout if stdout == subprocess.PIPE else stdout[pid],
+        stderr=stderr if stderr == subprocess.PIPE else stderr[pid])
+  return procs
+
+
+def launch(args: list[str], n: int = 2, timeout: float = 240, skip: tuple[int, ...] = (),
+           extra: dict[int, list[str]] | None = None,
+           program: tuple[str, ...] = ("-m", "tests.multiprocess")) -> list[tuple]:
+  """(returncode, stdout, stderr) per process (returncode None: stopped at `timeout`)."""
+  procs = start(args, n, skip, extra, program)
   deadline, out = time.monotonic() + timeout, {}
   for pid, p in procs.items():
     try:
@@ -68,6 +79,15 @@ def reference(model, bases):
   return logits, tokens
 
 
+HOLD_S = 300  # how long a held process waits to be killed
+
+
+def hold(phase: str) -> None:
+  """Say where this process stands, then wait there to be killed."""
+  print(f"holding at {phase}", flush=True)
+  time.sleep(HOLD_S)
+
+
 def main(argv):
   """--mode=calibrate (on the global mesh) or restore, then decode; or --mode=load, the
   weights alone; writes into --out_dir."""
@@ -88,6 +108,18 @@ def main(argv):
              logits=distributed.host_copy(model.logits(model.params, PROMPT)))
     print("done", jax.process_index(), flush=True)
     return
+  hold_at = flags.FLAGS.hold_at
+  holds = hold_at and flags.FLAGS.die_process in (None, jax.process_index())
+  if holds and hold_at != "decode":  # wait inside that phase, once its first save is done
+    from gsi_jax.gsi import checkpoint
+    owner, name = ((checkpoint.LayerProgress, "save") if hold_at == "calibration"
+                   else (checkpoint, "_save"))
+    inner = getattr(owner, name)
+
+    def save_then_hold(*a, **kw):
+      inner(*a, **kw)
+      hold(hold_at)
+    setattr(owner, name, save_then_hold)
   if mode == "calibrate":
     stop_after = flags.FLAGS.stop_after_layer
     dies = flags.FLAGS.die_process in (None, jax.process_index())
@@ -108,6 +140,11 @@ def main(argv):
     bases = gsi_jax.load_bases(os.path.join(out, "bases"))
   params = sharding.shard_params(gsi_jax.apply_gsi(model.params, bases, K), mesh)
   gate = gsi_jax.make_gate(EPS)
+  if hold_at == "decode":  # every process decodes until one of them is killed
+    print("holding at decode", flush=True)
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline:
+      model.generate(params, PROMPT, NEW_TOKENS, gate, stop_at_eos=False).block_until_ready()
   logits = distributed.host_copy(model.logits(params, PROMPT, gate))
   tokens = distributed.host_copy(model.generate(params, PROMPT, NEW_TOKENS, gate,
                                                 stop_at_eos=False))
@@ -127,5 +164,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("out_dir", None, "Where bases, progress and results go.")
   flags.DEFINE_string("method", "eigh", "Calibration method.")
   flags.DEFINE_integer("stop_after_layer", -1, "Die once this layer's progress is saved.")
-  flags.DEFINE_integer("die_process", None, "Only this process dies (default: all).")
+  flags.DEFINE_integer("die_process", None, "Only this process dies or holds (default: all).")
+  flags.DEFINE_enum("hold_at", None, ["calibration", "save", "decode"],
+                    "Wait inside this phase, to be killed there.")
   cli.run(main)

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import pytest
 import gsi_jax
 from gsi_jax import GSIError
 from gsi_jax.distributed import ProcessConfig
-from tests.multiprocess import CALIB, K, PROMPT, ROOT, launch, reference
+from tests.multiprocess import CALIB, K, PROMPT, ROOT, launch, reference, start
 
 MODEL = "llama_mha"
 
@@ -70,6 +71,7 @@ def _gram(model, layer, site):
   return np.asarray(_GRAMS[id(model)][layer][site], np.float64)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("method", ["eigh", "cascade"])
 def test_two_processes_calibrate_and_decode_as_one(tiny_folder, tmp_path, method):
   folder = tiny_folder(MODEL)[0]
@@ -84,6 +86,7 @@ def test_two_processes_calibrate_and_decode_as_one(tiny_folder, tmp_path, method
   assert restored.meta["text_sha256"] == bases.meta["text_sha256"]
 
 
+@pytest.mark.multiprocess
 def test_two_processes_resume_after_a_crash_and_restore_one_process_bases(tiny_folder,
                                                                          tmp_path):
   folder = tiny_folder(MODEL)[0]
@@ -105,6 +108,7 @@ def test_two_processes_resume_after_a_crash_and_restore_one_process_bases(tiny_f
   _assert_same_as_one_process(one, model, bases)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("family", ["gpt2", "llama_mha"])  # fused q|k|v columns; (out, in)
 def test_each_process_reads_only_its_columns(tiny_folder, tmp_path, family):
   folder = tiny_folder(family)[0]
@@ -122,20 +126,81 @@ def _error_lines(err):
   return [line for line in err.splitlines() if line.startswith("error:")]
 
 
+_LOG = re.compile(r" \(its log: (\S+\.process\d\.log)\)$")
+
+
+def _one_error_line(err: str) -> tuple[str, str]:
+  """The terminal's one `error:` line, without the log it names; and that log's text."""
+  (line,) = _error_lines(err)
+  log = _LOG.search(line)
+  assert log and os.path.isfile(log.group(1)), line
+  with open(log.group(1), encoding="utf-8") as f:
+    return line[:log.start()], f.read()
+
+
+def _wait_for(path, text, timeout):
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    if os.path.exists(path) and text in open(path, encoding="utf-8").read():
+      return
+    time.sleep(0.2)
+  raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("phase", ["calibration", "save", "decode"])
+def test_when_process_0_dies_every_survivor_says_so_in_one_line(tiny_folder, tmp_path, phase):
+  """kill -9 of process 0 (the host of the runtime's coordination service) inside a phase:
+  jaxlib would abort the survivor with a C++ stack trace; its supervisor says one line."""
+  folder = tiny_folder(MODEL)[0]
+  timeout_s = 20
+  streams = {name: {p: open(tmp_path / f"{name}{p}.txt", "w") for p in (0, 1)}
+             for name in ("out", "err")}
+  procs = start(["--mode=calibrate", f"--model_path={folder}", f"--out_dir={tmp_path}",
+                 f"--process_timeout_s={timeout_s}", f"--hold_at={phase}", "--die_process=0"],
+                stdout=streams["out"], stderr=streams["err"])
+  try:
+    _wait_for(tmp_path / "out0.txt", f"holding at {phase}", 180)
+    procs[0].kill()  # the process the user started: its child dies with it
+    killed = time.monotonic()
+    status = procs[1].wait(timeout=timeout_s + 30)
+    took = time.monotonic() - killed
+  finally:
+    for p in procs.values():
+      p.kill()
+      p.wait()
+  err = (tmp_path / "err1.txt").read_text()
+  assert status == 2 and took < timeout_s, (status, took, err[-3000:])
+  line, log = _one_error_line(err)
+  assert line in (
+      "error: process 1 of 2 lost the run's coordinator, process 0: it stopped or cannot be "
+      "reached; every process of the run ends",
+      "error: another process of this 2-process run went away during a collective (Gloo: "
+      "closed by peer); every process of the run ends",
+      "error: lost the coordinator (process 0) of this 2-process run (XlaRuntimeError); it "
+      "stopped or cannot be reached"), err[-3000:]
+  for crash in ("Traceback", "Check failure", "Fatal Python error", ".cc:"):
+    assert crash not in err, err[-3000:]
+  assert "process 1 of 2: computes, process 0 writes" in err  # the child's own lines reach
+  assert "process 1 of 2: computes, process 0 writes" in log  # the terminal and the log
+  assert "Check failure" in log or "Gloo" in log  # what the terminal was spared is kept
+
+
+@pytest.mark.multiprocess
 def test_a_peer_that_never_starts_or_dies_ends_the_run_with_one_line(tiny_folder, tmp_path):
   folder = tiny_folder(MODEL)[0]
   args = ["--mode=calibrate", f"--model_path={folder}", "--process_timeout_s=10"]
   (alone,) = launch(args + [f"--out_dir={tmp_path / 'a'}"], skip=(1,), timeout=60)
-  assert alone[0] == 2 and _error_lines(alone[2]) == [
+  assert alone[0] == 2 and _one_error_line(alone[2])[0] == (
       f"error: not every process joined the 2-process run at "
       f"{re.search(r'127.0.0.1:[0-9]+', alone[2]).group()} within 10 s; start each one "
-      "with the same --coordinator_address and --num_processes"], alone[2][-2000:]
+      "with the same --coordinator_address and --num_processes"), alone[2][-2000:]
   survivor, dead = launch(args + [f"--out_dir={tmp_path / 'b'}", "--stop_after_layer=0",
                                   "--die_process=1"], timeout=60)
   assert dead[0] == 9
   # Gloo notices the closed connection at the next collective; the watchdog would
   # within --process_timeout_s if no collective were under way.
-  (line,) = _error_lines(survivor[2])
+  line, _ = _one_error_line(survivor[2])
   assert survivor[0] == 2 and line in (
       "error: another process of this 2-process run went away during a collective (Gloo: "
       "closed by peer); every process of the run ends",
@@ -144,17 +209,19 @@ def test_a_peer_that_never_starts_or_dies_ends_the_run_with_one_line(tiny_folder
   assert "Traceback" not in survivor[2] and "Check failure" not in survivor[2]
 
 
+@pytest.mark.multiprocess
 def test_processes_with_other_flags_are_refused_before_compute(tiny_folder, tmp_path):
   folder = tiny_folder(MODEL)[0]
   results = launch(["--mode=calibrate", f"--model_path={folder}", f"--out_dir={tmp_path}"],
                    extra={1: ["--method=cascade"]})
   for rc, _, err in results:
-    assert rc == 2 and _error_lines(err) == [
+    assert rc == 2 and _one_error_line(err)[0] == (
         "error: processes [1] were started with another method than process 0; start every "
-        "process with the same flags"], err[-2000:]
+        "process with the same flags"), err[-2000:]
   assert not os.path.exists(tmp_path / "progress")  # nothing was calibrated
 
 
+@pytest.mark.multiprocess
 def test_an_experiment_script_on_two_processes_writes_what_one_writes(tiny_folder, tmp_path):
   """quality_table.py: calibration on the global mesh, sharded scoring, one writer."""
   folder = tiny_folder(MODEL)[0]

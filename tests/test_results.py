@@ -156,9 +156,23 @@ def test_two_process_scale_run_reads_and_holds_its_share():
   assert at_load == [0.75, 0.75] and calib == [0.7, 0.7]
 
 
+def test_four_process_scale_run_reads_less_but_peaks_as_two_at_load():
+  """RESULTS §12: each of 4 processes reads 1.23 GB and peaks at 0.54-0.55x the one-process
+  run in calibration, but at 0.76x at load, where 2 processes were at 0.75x."""
+  one = load("benchmarks/scale-gptj-6b-4-layers-1-process.json")
+  four = load("benchmarks/scale-gptj-6b-4-layers-4-processes.json")
+  assert four["processes"] == 4 and four["layers"] == 4 and four["k"] == one["k"] == 64
+  assert [round(b, 2) for b in four["bytes_read_gb_per_process"]] == [1.23] * 4
+  at_load = [round(gb / one["load_peak_rss_gb"], 2) for gb in four["load_peak_rss_gb_per_process"]]
+  calib = [round(gb / one["calib_peak_rss_gb"]["krylov"], 2)
+           for gb in four["calib_peak_rss_gb_per_process"]["krylov"]]
+  assert at_load == [0.76] * 4 and calib == [0.55, 0.54, 0.54, 0.54]
+
+
 def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
   """RESULTS §12: fitted on the 1-process 4-layer run, the model predicts the other measured
-  peaks within 3%, calibration always below the measurement."""
+  peaks within 3%, calibration always below the measurement, except the 4-process load,
+  which it puts 18.8% below the measurement."""
   from gsi_jax import footprint
   plan = load("benchmarks/memory_plan.json")
   run = lambda path: footprint.MeasuredRun.from_record(path, load(path.removeprefix("results/")))
@@ -167,8 +181,11 @@ def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
   checks = [row for path in sorted({r["run"] for r in plan["checks"]})
             for row in footprint.check(run(path), constants)]
   assert sorted(checks, key=str) == sorted(plan["checks"], key=str)
-  assert len(checks) == 6 and plan["worst_relative_error"] < 0.03
+  assert len(checks) == 8 and round(plan["worst_relative_error"], 3) == 0.188
   assert all(-0.03 < r["relative_error"] < 0 for r in checks if r["phase"] != "load")
+  loads = {r["processes"] if r["layers"] == 4 else r["shape"]: r["relative_error"]
+           for r in checks if r["phase"] == "load"}
+  assert round(loads.pop(4), 3) == -0.188 and all(abs(e) < 0.005 for e in loads.values())
   opt_175b = next(r for r in plan["records"] if r["shape"] == "opt-175b")
   sixteen = footprint.device_bytes("opt-175b", 16, plan["calib_tokens"])
   assert opt_175b["per_host_gb"]["16"]["load"] == pytest.approx(

@@ -79,7 +79,7 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
       jax.block_until_ready(grams)  # dispatch is asynchronous: report work actually done
       done = min(i + batch_size, n)
       logging.info("calibration forward: %d/%d windows (%.0f s)", done, n, time.time() - start)
-  return jax.device_get(grams)
+  return jax.tree.map(distributed.host_copy, grams)  # whole, also when processes share it
 
 
 def solve_site(G, k_max: int, method: str, previous: np.ndarray | None):

@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from gsi_jax.distributed import host_copy
 from gsi_jax.gsi.bases import Bases
 from gsi_jax.models import params as P
 from gsi_jax.ops import make_gate
@@ -50,7 +51,7 @@ def residual_ratios(model, params, bases, windows_NT: np.ndarray, ks: list[int],
   for i in range(0, len(windows_NT), batch_size):
     for layer, sites in model.site_inputs(params, windows_NT[i:i + batch_size]).items():
       for site, x in sites.items():
-        x = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+        x = host_copy(x).astype(np.float64).reshape(-1, x.shape[-1])
         V = bases.vectors[layer][site].astype(np.float64)
         captured = np.cumsum((x @ V) ** 2, axis=1)  # ‖V_kᵀ x‖² for k = 1..k_max
         total = np.sum(x**2, axis=1)
@@ -72,7 +73,9 @@ def theorem4_tightness(model, gsi_params, windows_NT: np.ndarray, eps: float,
   """
   gate = make_gate(eps)
   kernels = P.site_kernels(gsi_params)
-  norms = {(layer, site, n): float(np.linalg.norm(np.asarray(W, np.float64), 2))
+  kernels = {layer: {site: {n: host_copy(W).astype(np.float64) for n, W in ks.items()}
+                     for site, ks in s.items()} for layer, s in kernels.items()}
+  norms = {(layer, site, n): float(np.linalg.norm(W, 2))
            for layer, s in kernels.items() for site, ks in s.items() for n, W in ks.items()}
   over_bound, over_norm_r = [], []
   violations = 0
@@ -82,15 +85,15 @@ def theorem4_tightness(model, gsi_params, windows_NT: np.ndarray, eps: float,
     inputs = P.unwrap_sown(state[P.SITE_INPUTS])
     for layer, s in kernels.items():
       for site, ks in s.items():
-        x = np.asarray(inputs[layer][site], np.float64)
-        x = x[np.asarray(state["gate_stats"][layer][site]["fast"][0])]
+        x = host_copy(inputs[layer][site]).astype(np.float64)
+        x = x[host_copy(state["gate_stats"][layer][site]["fast"][0])]
         if not len(x):
           continue
-        V = np.asarray(gsi_params[layer][site][P.V], np.float64)
+        V = host_copy(gsi_params[layer][site][P.V]).astype(np.float64)
         r = x - (x @ V) @ V.T
         x_norm, r_norm = np.linalg.norm(x, axis=-1), np.linalg.norm(r, axis=-1)
         for n, W in ks.items():
-          err = np.linalg.norm(r @ np.asarray(W, np.float64), axis=-1)
+          err = np.linalg.norm(r @ W, axis=-1)
           bound = norms[(layer, site, n)] * eps * x_norm
           violations += int(np.sum(err > bound * (1 + 1e-4)))  # float32 gate rounding
           over_bound.append(err / bound)
