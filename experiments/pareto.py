@@ -356,7 +356,8 @@ class Evaluator:
 
   def record(self, method, knob, params, gate, bytes_of, **extra):
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text)."""
-    scores = metrics.score(self.model, self.placed(params), self.s.held_out.ids, gate)
+    params = self.placed(params)  # once: placing a placed tree again moves nothing
+    scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
     same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))

@@ -74,9 +74,9 @@ def _supervise(config: distributed.ProcessConfig) -> int:
                               supervisor.log_path(out, script, process))
 
 
-def _join() -> None:
+def _join(config: distributed.ProcessConfig) -> None:
   """Join the other processes, then refuse any whose flags differ from process 0's."""
-  distributed.initialize(process_config())
+  distributed.initialize(config)
   own = {"process_id", "coordinator_address", "num_processes", "distributed_auto"}
   ours = {f.name: f.value for module, defined in FLAGS.flags_by_module_dict().items()
           if not module.startswith("absl") for f in defined if f.name not in own}
@@ -115,7 +115,7 @@ def run(main: Callable, one_process: str | None = None) -> None:
     if config.joins and not supervisor.is_child():
       sys.exit(_supervise(config))
     try:
-      _join()
+      _join(config)
       main(argv)
     except GSIError as e:
       distributed.report_failure(str(e))

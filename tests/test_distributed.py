@@ -4,11 +4,8 @@ Each test starts its processes through tests/multiprocess.py, bounds them in tim
 stops them by PID.  One process's results are computed here, in the test's own process.
 """
 
-import json
 import os
 import re
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,7 +14,7 @@ import pytest
 import gsi_jax
 from gsi_jax import GSIError
 from gsi_jax.distributed import ProcessConfig
-from tests.multiprocess import CALIB, K, PROMPT, ROOT, launch, reference, start
+from tests.multiprocess import CALIB, K, PROMPT, launch, reference, start
 
 MODEL = "llama_mha"
 
@@ -219,30 +216,6 @@ def test_processes_with_other_flags_are_refused_before_compute(tiny_folder, tmp_
         "error: processes [1] were started with another method than process 0; start every "
         "process with the same flags"), err[-2000:]
   assert not os.path.exists(tmp_path / "progress")  # nothing was calibrated
-
-
-@pytest.mark.multiprocess
-def test_an_experiment_script_on_two_processes_writes_what_one_writes(tiny_folder, tmp_path):
-  """quality_table.py: calibration on the global mesh, sharded scoring, one writer."""
-  folder = tiny_folder(MODEL)[0]
-  args = [f"--model={folder}", "--calib_tokens=256", "--eval_tokens=128", "--seq_len=32",
-          "--k=4,8", "--eps=0.3,inf", "--mode=gated,static"]
-  script = ("experiments/quality_table.py",)
-  results = launch(args + [f"--bases_dir={tmp_path / 'b2'}", f"--out={tmp_path / 'two.json'}"],
-                   program=script)
-  assert [rc for rc, _, _ in results] == [0, 0], [err[-2000:] for _, _, err in results]
-  subprocess.run([sys.executable, *script, *args, f"--bases_dir={tmp_path / 'b1'}",
-                  f"--out={tmp_path / 'one.json'}"], check=True, cwd=ROOT, timeout=240,
-                 capture_output=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  one, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
-  assert len(two["records"]) == len(one["records"]) == 6
-  for a, b in zip(one["records"], two["records"]):
-    assert a.keys() == b.keys()
-    for key, value in a.items():
-      if isinstance(value, float):
-        assert b[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
-      else:
-        assert b[key] == value, key
 
 
 @pytest.mark.parametrize("kw, message", [
