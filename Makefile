@@ -29,9 +29,11 @@ test-multiprocess: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
-# Every table and figure of results/ for the default model: about 1 h 30 min on an idle
-# 2-core AMD EPYC, 71 minutes of it the one Pareto sweep of every method with its timed
-# decodes and learned budgets (BUILD_NOTES.md, issue 21, part 7).
+# The paper's tables for the default model (RESULTS.md sections 1-12): each script's JSON,
+# Markdown table and figure, the demo, results/pareto.json (every method, the larger part
+# of the time) and the notebook; about 1 h 30 min on an idle 2-core AMD EPYC.  It does not
+# write the single pareto runs (pareto_rank, pareto_rsparse, pareto_speed, pareto_paired:
+# their commands are in RESULTS.md) or results/benchmarks/ (make benchmarks, make scale).
 results: $(STAMP)
 	$(PY) experiments/quality_table.py --mode gated,static
 	$(PY) -m gsi_jax.demo --out results/demo.json
@@ -66,7 +68,7 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
 
-# Paper scale (RESULTS.md section 12): random-weight checkpoints of the published shapes,
+# Paper scale (RESULTS.md section 13): random-weight checkpoints of the published shapes,
 # 12-13 GB each, written outside the repository; about 20 minutes per shape here.
 SCALE_DIR ?= /tmp/gsi_jax_scale
 scale: $(STAMP)

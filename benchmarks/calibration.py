@@ -7,7 +7,6 @@ its own; the model's float32 size is reported beside it.
 """
 
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, experiment, text
+from gsi_jax.benchmarking import peak_rss_mib
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
 _TOKENS = flags.DEFINE_integer("calib_tokens", 65536, "Calibration tokens.")
@@ -29,7 +29,7 @@ def measure(method: str) -> dict:
   t0 = time.perf_counter()
   model = gsi_jax.load_model(_MODEL.value)
   load_s = time.perf_counter() - t0
-  rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  rss_loaded = peak_rss_mib()
   ids = text.windows(model, text.PYDOC_CALIB, _SEQ_LEN.value, _TOKENS.value)
   if ids.n_tokens < _TOKENS.value:  # pydoc's calibration half is shorter: cycle it
     import numpy as np
@@ -40,12 +40,12 @@ def measure(method: str) -> dict:
   bases = gsi_jax.calibrate(model, model.params, ids.ids, _K.value, method=method,
                             seq_len=_SEQ_LEN.value, progress=False)
   total_s = time.perf_counter() - t0
-  f32_mb = sum(x.size for x in __import__("jax").tree.leaves(model.params)) * 4 / 2**20
+  f32_mib = sum(x.size for x in __import__("jax").tree.leaves(model.params)) * 4 / 2**20
   return {"method": method, "tokens": ids.n_tokens, "source": ids.source, "k": _K.value,
           "load_s": load_s, "calibrate_s": total_s, "solve_s": bases.meta["solve_seconds"],
           "solve_gflops": bases.meta["solve_flops"] / 1e9,
-          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-          "rss_after_load_mb": rss_loaded, "model_f32_mb": f32_mb}
+          "peak_rss_mib": peak_rss_mib(), "rss_after_load_mib": rss_loaded,
+          "model_f32_mib": f32_mib}
 
 
 def main(argv):
@@ -65,7 +65,7 @@ def main(argv):
     if line is None:
       raise SystemExit(f"{method} run failed:\n{proc.stderr[-2000:]}")
     rec = json.loads(line[len("RESULT "):])
-    rec["peak_over_model_f32"] = rec["peak_rss_mb"] / rec["model_f32_mb"]
+    rec["peak_over_model_f32"] = rec["peak_rss_mib"] / rec["model_f32_mib"]
     records.append(rec)
     print(json.dumps(rec))
   experiment.write_json(out, {"records": records})

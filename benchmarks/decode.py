@@ -23,7 +23,7 @@ from absl import flags
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, text
 from gsi_jax import benchmarking
-from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mb
+from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mib
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.models import params as P
@@ -138,7 +138,7 @@ def main(argv):
             "bandwidth_limit_tokens_per_s": _PEAK.value * 1e9 / dense_bytes,
             "dense_bandwidth_utilisation": utilisation(dense_bytes, tps),
             "per_op_tracing": _PROFILE.value,
-            "peak_rss_mb": peak_rss_mb(), "devices": str(jax.devices()), "gsi": []}
+            "peak_rss_mib": peak_rss_mib(), "devices": str(jax.devices()), "gsi": []}
   logging.info("JAX dense: %.1f tok/s (compile %.1f s), %.0f%% of %.0f GB/s", tps, compile_s,
                100 * result["dense_bandwidth_utilisation"], _PEAK.value)
   if _PROFILE.value:
@@ -167,7 +167,7 @@ def main(argv):
     t_tps, t_load = torch_decode(model.source, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,
                   torch_bandwidth_utilisation=utilisation(dense_bytes, t_tps),
-                  jax_over_torch=tps / t_tps, peak_rss_mb_with_torch=peak_rss_mb())
+                  jax_over_torch=tps / t_tps, peak_rss_mib_with_torch=peak_rss_mib())
     logging.info("PyTorch: %.1f tok/s", t_tps)
   experiment.write_json(out, result)
 

@@ -83,8 +83,8 @@ def best_ms(fn, repeats):
   return 1e3 * min(times), compile_ms
 
 
-def peak_rss_mb() -> float:
-  """Peak resident memory of the whole process so far."""
+def peak_rss_mib() -> float:
+  """Peak resident memory of the whole process so far, in MiB (Linux's ru_maxrss is KiB)."""
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

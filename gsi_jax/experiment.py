@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from gsi_jax import distributed, sharding, text
+from gsi_jax import distributed, provenance, sharding, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS
@@ -101,7 +101,10 @@ def write_text_atomic(path: str, content: str) -> None:
 
 
 def write_json(path: str, value) -> str:
-  """Strict JSON (no bare Infinity/NaN), written atomically."""
+  """Strict JSON (no bare Infinity/NaN), written atomically.  A result (a dict) gains a
+  `run` field: the machine, the versions and the wall time from the process's start."""
+  if isinstance(value, dict):
+    value = {**value, "run": provenance.run_record()}
   write_text_atomic(path, json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n")
   if distributed.is_primary():
     logging.info("wrote %s", path)

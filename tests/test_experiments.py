@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 from absl import flags
 
@@ -349,4 +350,9 @@ def test_strict_json_never_writes_bare_infinity(tmp_path):
   path = experiment.write_json(str(tmp_path / "x.json"), {"eps": math.inf, "v": [math.nan, 1.0]})
   text = (tmp_path / "x.json").read_text()
   assert "Infinity" not in text and "NaN" not in text
-  assert json.loads(text) == {"eps": "inf", "v": ["nan", 1.0]} and path.endswith("x.json")
+  result = json.loads(text)
+  run = result.pop("run")
+  assert result == {"eps": "inf", "v": ["nan", 1.0]} and path.endswith("x.json")
+  # Every result names its machine and how long its process had run when it was written.
+  assert 0 < run["wall_s"] < 24 * 3600 and run["cpus"] == os.cpu_count()
+  assert run["cpu"] and run["backend"] == "cpu" and run["jax"] == jax.__version__

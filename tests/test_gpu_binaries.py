@@ -41,7 +41,7 @@ def test_the_binaries_run_the_tile_plans(records):
 
 
 def test_committed_figures_are_current(records):
-  """results/benchmarks/gpu_lowering.json (quoted in BUILD_NOTES.md) holds what this Triton
+  """results/benchmarks/gpu_lowering.json (quoted in RESULTS.md §14) holds what this Triton
   compiles today."""
   path = os.path.join(os.path.dirname(__file__), "..", "results", "benchmarks",
                       "gpu_lowering.json")

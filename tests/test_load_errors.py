@@ -141,3 +141,26 @@ def test_malicious_pickle_is_refused_and_never_run(tiny_folder, tmp_path):
 def test_not_a_folder_or_file(tmp_path):
   with pytest.raises(GSIError, match="no such file or folder"):
     gsi_jax.load_model(str(tmp_path / "nothing" / "here"))
+
+
+def test_without_gguf_only_the_gguf_loader_fails(tmp_path):
+  """gsi_jax imports and builds models with the gguf package absent (a GPU image may lack
+  it); reading a .gguf then says which package to install, in one line."""
+  import subprocess
+  import sys
+  path = tmp_path / "model.gguf"
+  path.write_bytes(b"GGUF" + bytes(64))
+  script = (
+      "import sys; sys.modules['gguf'] = None\n"  # `import gguf` now raises ImportError
+      "import gsi_jax\n"
+      "from gsi_jax.models import ModelConfig\n"
+      "assert ModelConfig.gpt2_124m().d_model == 768\n"
+      "try:\n"
+      f"  gsi_jax.load_model({str(path)!r})\n"
+      "except gsi_jax.GSIError as e:\n"
+      "  print('refused:', e)\n")
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith("refused: reading a .gguf file needs the gguf package")
+  assert proc.stdout.count("\n") == 1

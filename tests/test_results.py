@@ -65,13 +65,14 @@ def check_pareto_summaries(pareto, result):
 
 
 def test_pareto_summaries_are_recomputed_from_its_records(pareto):
-  """RESULTS §13: every method in one run, each record timed beside dense (32.7-62.9
-  tokens/s); under x1.05 the fastest is sparsity at target 0.25, 1.23x the dense beside it;
-  under x1.01 nothing is faster than dense."""
+  """RESULTS §9 and §11.2: 79 records of every method in one run, each timed beside dense
+  (32.7-62.9 tokens/s); under x1.05 the fastest is sparsity at target 0.25, 1.23x the dense
+  beside it; under x1.01 nothing is faster than dense."""
   result = load("pareto.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(pareto, result)
-  assert {r["method"] for r in records} == set(pareto.METHODS)
+  assert {r["method"] for r in records} == set(pareto.METHODS) and len(pareto.METHODS) == 18
+  assert len(records) == 79
   beside = [r["dense_tokens_per_s"] for r in records]
   assert config["dense_tokens_per_s_beside"] == [min(beside), max(beside)]
   assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [32.7, 62.9]
@@ -84,11 +85,13 @@ def test_pareto_summaries_are_recomputed_from_its_records(pareto):
 
 
 def test_learned_ranks_against_learned_thresholds(pareto):
-  """RESULTS §15: at equal bytes, learning ranks with thresholds is x1.118 against x1.102 at
-  0.718, falls back at 0.631, and is x2.008 against x2.140 at 0.532; the fallback record is
-  the uniform k = 16 tree cut from rank 64, x1.388 against the residual sweep's x1.397."""
+  """RESULTS §10.2: in 21 records, at equal bytes, learning ranks with thresholds is x1.118
+  against x1.102 at 0.718, falls back at 0.631, and is x2.008 against x2.140 at 0.532; the
+  fallback record is the uniform k = 16 tree cut from rank 64, x1.388 against the residual
+  sweep's x1.397."""
   result = load("pareto_rank.json")
   check_pareto_summaries(pareto, result)
+  assert len(result["records"]) == 21
   by = {(r["method"], r["knob"].split(",")[-1]): r for r in result["records"]
         if not r["knob"].startswith("k=32")}
   for target, ranked, alone in (("0.4", 1.118, 1.102), ("0.5", 1.388, 1.318),
@@ -104,8 +107,8 @@ def test_learned_ranks_against_learned_thresholds(pareto):
 
 
 def test_depth_coherence_against_its_floor():
-  """RESULTS §5: attn_in and mlp_in far above two random subspaces, attn_out just above,
-  mlp_out at the floor; the floor itself is recomputed."""
+  """RESULTS §5: attn_in and mlp_in far above two random subspaces, attn_out just above, mlp_out
+  at the floor; the floor itself is recomputed."""
   result = load("depth_coherence.json")
   summary = {(r["k"], r["site"]): r for r in result["config"]["summary"]}
   widths = {"attn_in": 576, "mlp_in": 576, "attn_out": 576, "mlp_out": 1536}
@@ -143,7 +146,7 @@ def test_storage_overhead_counts_megabytes_as_the_paper_does():
 
 
 def test_two_process_scale_run_reads_and_holds_its_share():
-  """RESULTS §12: each of 2 processes reads 1.63 of 2.44 GB and peaks at 0.75x the one-process
+  """RESULTS §13.4: each of 2 processes reads 1.63 of 2.44 GB and peaks at 0.75x the one-process
   run at load and 0.70x in calibration."""
   one = load("benchmarks/scale-gptj-6b-4-layers-1-process.json")
   two = load("benchmarks/scale-gptj-6b-4-layers-2-processes.json")
@@ -157,8 +160,8 @@ def test_two_process_scale_run_reads_and_holds_its_share():
 
 
 def test_four_process_scale_run_reads_less_but_peaks_as_two_at_load():
-  """RESULTS §12: each of 4 processes reads 1.23 GB and peaks at 0.54-0.55x the one-process
-  run in calibration, but at 0.76x at load, where 2 processes were at 0.75x."""
+  """RESULTS §13.4: each of 4 processes reads 1.23 GB and peaks at 0.54-0.55x the one-process run
+  in calibration, but at 0.76x at load, where 2 processes were at 0.75x."""
   one = load("benchmarks/scale-gptj-6b-4-layers-1-process.json")
   four = load("benchmarks/scale-gptj-6b-4-layers-4-processes.json")
   assert four["processes"] == 4 and four["layers"] == 4 and four["k"] == one["k"] == 64
@@ -170,9 +173,9 @@ def test_four_process_scale_run_reads_less_but_peaks_as_two_at_load():
 
 
 def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
-  """RESULTS §12: fitted on the 1-process 4-layer run, the model predicts the other measured
-  peaks within 3%, calibration always below the measurement, except the 4-process load,
-  which it puts 18.8% below the measurement."""
+  """RESULTS §13.5: fitted on the 1-process 4-layer run, the model predicts the other measured
+  peaks within 3%, calibration always below the measurement, except the 4-process load, which
+  it puts 18.8% below the measurement."""
   from gsi_jax import footprint
   plan = load("benchmarks/memory_plan.json")
   run = lambda path: footprint.MeasuredRun.from_record(path, load(path.removeprefix("results/")))
@@ -193,8 +196,8 @@ def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
 
 
 def test_pareto_allocations_and_targets(pareto):
-  """RESULTS §13 and §15: learned records fall back by the rule and, held out, are never worse
-  than uniform; R-Sparse's searched recipe is (x1.701 against x1.690); TEAL's greedy
+  """RESULTS §10.1 and §11.5: learned records fall back by the rule and, held out, are never
+  worse than uniform; R-Sparse's searched recipe is (x1.701 against x1.690); TEAL's greedy
   allocation is ahead of learned sparsity at 0.68 of the bytes and of the learned residual at
   0.63; learned ranks lose to learned thresholds at every budget; the moonshot is missed."""
   result = load("pareto.json")
@@ -228,13 +231,14 @@ def test_pareto_allocations_and_targets(pareto):
 
 
 def test_pareto_speed_retimes_the_records_at_low_perplexity(pareto):
-  """RESULTS §15: with 15 rounds beside dense, sparsity at target 0.25 is 1.05x (1.23x in
-  pareto.json, the largest move of a shared record: 0.18x), every row kept 0.94x, CATS with
-  every channel kept 0.86x; no record at ppl <= 1.05 reaches 1.15x. Quality is the same."""
+  """RESULTS §11.3: in 9 records with 15 rounds beside dense, sparsity at target 0.25 is 1.05x
+  (1.23x in pareto.json, the largest move of a shared record: 0.18x), every row kept 0.94x,
+  CATS with every channel kept 0.86x; no record at ppl <= 1.05 reaches 1.15x. Quality is the
+  same."""
   result = load("pareto_speed.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(pareto, result)
-  assert config["speed_repeats"] == 15
+  assert config["speed_repeats"] == 15 and len(records) == 9
   assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [46.5, 62.2]
   main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
   moves = []
@@ -249,9 +253,9 @@ def test_pareto_speed_retimes_the_records_at_low_perplexity(pareto):
 
 
 def test_every_row_kept_the_kernel_beats_dense_on_one_layers_maps():
-  """RESULTS §15: with every row kept, one layer's seven maps (q, k, v, o, gate, up, down)
-  take 0.364 ms through the kernel against dense's 0.429; the narrow-output and the
-  down-projection shapes lose (0.90-0.93x), the others win (1.32-1.44x)."""
+  """RESULTS §11.4: with every row kept, one layer's seven maps (q, k, v, o, gate, up, down) take
+  0.364 ms through the kernel against dense's 0.429; the narrow-output and the down-projection
+  shapes lose (0.90-0.93x), the others win (1.32-1.44x)."""
   records = load("benchmarks/sparse_rows_model_maps.json")["records"]
   by = {(r["d"], r["d_out"]): r for r in records}
   assert all(r["variant"] == "kernel" and r["kept"] == 1.0 for r in records)
@@ -263,14 +267,16 @@ def test_every_row_kept_the_kernel_beats_dense_on_one_layers_maps():
 
 
 def test_pareto_paired_times_dense_beside_every_record(pareto):
-  """RESULTS §15: dense drifted 22.9-35.1 tokens/s within the run; beside it, sparsity at
-  target 0.25 (ppl x1.025) is 1.12x dense, every row kept 0.95x, CATS every channel 0.79x."""
+  """RESULTS §11.3: in 28 records, dense drifted 22.9-35.1 tokens/s within the run; beside it,
+  sparsity at target 0.25 (ppl x1.025) is 1.12x dense, every row kept 0.95x, CATS every
+  channel 0.79x."""
   result = load("pareto_paired.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(pareto, result)
   beside = [r["dense_tokens_per_s"] for r in records]
   assert config["dense_tokens_per_s_beside"] == [min(beside), max(beside)]
   assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [22.9, 35.1]
+  assert len(records) == 28
   for r in records:
     assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
   by = {(r["method"], r["knob"]): r for r in records}
@@ -286,12 +292,13 @@ def test_pareto_paired_times_dense_beside_every_record(pareto):
 
 
 def test_rsparse_recipe_and_search(pareto):
-  """RESULTS §15: alpha = 1 (magnitude sparsity) is R-Sparse's best uniform split at both s;
-  the search fell back at s = 0.4 and, at s = 0.5, lowered 29 of 120 sites, 3.3362 -> 3.3215
-  on calibration text, x1.671 against x1.655 held out; padded and unpadded runs of one recipe
-  differ by up to 0.011 nats, more than the search gained at s = 0.4."""
+  """RESULTS §10.3: in 11 records, alpha = 1 (magnitude sparsity) is R-Sparse's best uniform
+  split at both s; the search fell back at s = 0.4 and, at s = 0.5, lowered 29 of 120 sites,
+  3.3362 -> 3.3215 on calibration text, x1.671 against x1.655 held out; padded and unpadded
+  runs of one recipe differ by up to 0.011 nats, more than the search gained at s = 0.4."""
   result = load("pareto_rsparse.json")
   check_pareto_summaries(pareto, result)
+  assert len(result["records"]) == 11
   by = {(r["method"], r["knob"]): r for r in result["records"]}
   for s, sparsity in (("0.4", 1.188), ("0.5", 1.655)):
     grid = {a: by["rsparse", f"s={s},alpha={a}"] for a in ("0.8", "0.9", "1.0")}
@@ -327,3 +334,38 @@ def test_rsparse_recipe_and_search(pareto):
                      by["rsparse", f"s={s},alpha={a}"]["calib_nll"], 4)
                for s in ("0.4", "0.5") for a in ("0.8", "0.9")]
   assert grid_gaps == [0.0026, 0.004, -0.0071, 0.0]
+
+
+def test_front_values_held_past_a_methods_largest_bytes(pareto):
+  """RESULTS §9.1: weight SVD's 90% cell is its last point (0.753 of the bytes) held flat, x3.25;
+  gsi_ladder alone has a gap (0.55-1.09) across which 90% and 75% are interpolated; the gated
+  head over sparsity gains +5.7 and +9.7 top-1 points at 60% and 50%."""
+  result = load("pareto.json")
+  records, budgets = result["records"], {r["budget"]: r for r in result["config"]["budgets"]}
+  bytes_of = lambda m: sorted(r["bytes_fraction"] for r in records if r["method"] == m)
+  assert round(max(bytes_of("svd")), 3) == 0.753
+  svd = [r for r in records if r["method"] == "svd"]
+  last = max(svd, key=lambda r: r["bytes_fraction"])
+  assert budgets[0.9]["svd_ppl_ratio"] == pytest.approx(
+      min(r["ppl_ratio"] for r in svd if r["bytes_fraction"] <= last["bytes_fraction"]))
+  assert round(budgets[0.9]["svd_ppl_ratio"], 2) == 3.25
+  gaps = {m: max(b - a for a, b in zip(bytes_of(m), bytes_of(m)[1:]))
+          for m in ("gsi", "gsi_out", "gsi_ladder")}
+  assert [round(b, 2) for b in bytes_of("gsi_ladder")[2:4]] == [0.55, 1.09]
+  assert gaps["gsi_ladder"] > 0.5 > max(gaps["gsi"], gaps["gsi_out"])
+  gains = [100 * (budgets[b]["sparsity+head_top1"] - budgets[b]["sparsity_top1"])
+           for b in (0.6, 0.5)]
+  assert [round(g, 1) for g in gains] == [5.7, 9.7]
+
+
+def test_kept_rows_kernel_share_of_byte_ideal():
+  """RESULTS §11.4 and §11.5: the kernel reads at 0.847-1.31 of the byte ideal, so 0.85 is met in
+  7 of its 8 cases, not at 1536 x 576 with 25% kept; XLA's ways reach 0.18-0.69."""
+  records = load("benchmarks/sparse_rows.json")["records"]
+  kernel = {(r["d"], r["d_out"], r["kept"]): r["of_ideal"] for r in records
+            if r["variant"] == "kernel"}
+  assert (round(min(kernel.values()), 3), round(max(kernel.values()), 2)) == (0.847, 1.31)
+  assert [key for key, v in kernel.items() if v < 0.85] == [(1536, 576, 0.25)]
+  xla = [r["of_ideal"] for r in records
+         if r["variant"] in ("gather", "reduce", "blocks") and r["kept"] < 1]
+  assert (round(min(xla), 2), round(max(xla), 2)) == (0.18, 0.69)

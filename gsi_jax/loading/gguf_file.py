@@ -13,9 +13,20 @@ from gsi_jax.models.config import ModelConfig
 GGUF_MAGIC = b"GGUF"
 
 
+def _gguf():
+  """llama.cpp's reader, imported only to read a GGUF file: the rest of gsi_jax runs without
+  it (a GPU image may not have it)."""
+  try:
+    import gguf
+  except ImportError:
+    raise GSIError("reading a .gguf file needs the gguf package; install it (pip install "
+                   "gguf) or pass a Hugging Face folder") from None
+  return gguf
+
+
 def open_gguf(path: str):
   """A GGUFReader for `path`, after checking the magic and that no tensor runs past the end."""
-  import gguf
+  gguf = _gguf()
   with open(path, "rb") as f:
     if f.read(4) != GGUF_MAGIC:
       raise GSIError(f"{path} is not a GGUF file (bad magic); pass a .gguf model file")
@@ -82,7 +93,7 @@ def config_from_gguf(reader, path: str) -> ModelConfig:
 
 def tensor_getter(reader, path: str):
   """(tensor name -> dequantised float32 numpy array, every tensor name in the file)."""
-  import gguf
+  gguf = _gguf()
   tensors = {t.name: t for t in reader.tensors}
 
   def get(name: str) -> np.ndarray:
