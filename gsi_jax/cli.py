@@ -155,6 +155,20 @@ def numbers(name: str, values, cast) -> tuple:
   return out
 
 
+def define_knob_flags(knobs) -> None:
+  """A flag per method knob ({name: gsi_jax.methods.Knob}): a comma list, or one number or
+  name.  Idempotent: a knob whose flag exists is skipped (tests run scripts in process)."""
+  for name, knob in knobs.items():
+    if name in flags.FLAGS:
+      continue
+    if knob.many:
+      flags.DEFINE_list(name, list(knob.default), knob.help)
+    else:
+      define = {int: flags.DEFINE_integer, float: flags.DEFINE_float}.get(knob.cast,
+                                                                          flags.DEFINE_string)
+      define(name, knob.default, knob.help)
+
+
 def define_experiment_flags(**defaults) -> None:
   """The flags every experiment shares; `defaults` override their defaults by name.
 

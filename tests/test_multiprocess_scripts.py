@@ -112,8 +112,7 @@ def test_pareto_on_two_processes_writes_what_one_writes(tiny_folder, tmp_path):
       tiny_folder, "--methods=gsi,svd,sparsity,sparsity_greedy", "--svd_ranks=4",
       "--sparsity=0.3", "--eps=0.6", "--learned", "--learned_sparsity=0.3",
       "--learned_eps=0.6", "--learned_steps=2", "--greedy_sparsity=0.3", "--greedy_step=0.1",
-      "--speed_repeats=1", "--ladder=", "--output_sketch=0", "--head_k=0",
-      "--rsparse_recipe_sparsity=", "--larosa_sites=")
+      "--speed_repeats=1")
   one, two = one_and_two("experiments/pareto.py", args, tmp_path)
   methods = {r["method"] for r in two["records"]}
   assert {"gsi", "svd", "sparsity", "sparsity_greedy", "sparsity_learned"} <= methods

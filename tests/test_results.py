@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from gsi_jax import metrics
-from tests.test_experiments import experiment_module
+from gsi_jax import methods, metrics
+from gsi_jax.methods import front
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -18,24 +18,19 @@ def load(name):
     return json.load(f)
 
 
-@pytest.fixture(scope="module")
-def pareto():
-  return experiment_module("pareto")
-
-
-def test_frontier_interpolates_along_the_front_only(pareto):
+def test_frontier_interpolates_along_the_front_only():
   records = [{"bytes_fraction": 0.5, "ppl_ratio": 2.0}, {"bytes_fraction": 0.7, "ppl_ratio": 3.0},
              {"bytes_fraction": 0.9, "ppl_ratio": 1.2}, {"bytes_fraction": 1.0, "ppl_ratio": 1.0}]
-  assert pareto.frontier_at(records, 0.4, "ppl_ratio") is None  # cannot get that cheap
-  assert pareto.frontier_at(records, 0.5, "ppl_ratio") == 2.0
+  assert front.frontier_at(records, 0.4, "ppl_ratio") is None  # cannot get that cheap
+  assert front.frontier_at(records, 0.5, "ppl_ratio") == 2.0
   # (0.7, 3.0) is dominated: the front runs (0.5, 2.0) -> (0.9, 1.2)
-  assert pareto.frontier_at(records, 0.7, "ppl_ratio") == pytest.approx(1.6)
-  assert pareto.frontier_at(records, 2.0, "ppl_ratio") == 1.0
+  assert front.frontier_at(records, 0.7, "ppl_ratio") == pytest.approx(1.6)
+  assert front.frontier_at(records, 2.0, "ppl_ratio") == 1.0
   top1 = [{"bytes_fraction": b, "top1_agreement": q} for b, q in ((0.5, 0.6), (0.8, 0.9))]
-  assert pareto.frontier_at(top1, 0.65, "top1_agreement") == pytest.approx(0.75)
+  assert front.frontier_at(top1, 0.65, "top1_agreement") == pytest.approx(0.75)
 
 
-def test_best_measured_takes_the_fastest_within_each_limit(pareto):
+def test_best_measured_takes_the_fastest_within_each_limit():
   records = [
       {"method": "a", "knob": "x", "measured_speedup": 1.5, "ppl_ratio": 1.2,
        "bytes_fraction": 0.5, "tokens_per_s": 3.0},
@@ -43,35 +38,35 @@ def test_best_measured_takes_the_fastest_within_each_limit(pareto):
        "bytes_fraction": 1.1, "tokens_per_s": 1.8},
       {"method": "c", "knob": "z", "ppl_ratio": 1.0, "bytes_fraction": 0.4},  # not timed
   ]
-  rows = {r["ppl_ratio_limit"]: r for r in pareto.best_measured(records)}
-  assert set(rows) == set(pareto.PPL_LIMITS)
+  rows = {r["ppl_ratio_limit"]: r for r in front.best_measured(records)}
+  assert set(rows) == set(front.PPL_LIMITS)
   assert rows[1.01]["method"] == "b" and rows[1.10]["method"] == "b"
-  assert pareto.best_measured(records[2:])[0] == {"ppl_ratio_limit": pareto.PPL_LIMITS[0]}
+  assert front.best_measured(records[2:])[0] == {"ppl_ratio_limit": front.PPL_LIMITS[0]}
 
 
-def check_pareto_summaries(pareto, result):
+def check_pareto_summaries(result):
   records, config = result["records"], result["config"]
   for row in config["budgets"]:
-    for method in pareto.METHODS:
+    for method in methods.names():
       mine = [r for r in records if r["method"] == method]
       if f"{method}_ppl_ratio" not in row:  # a method added after this JSON was written
         assert not mine, method
         continue
       for key, column in (("ppl_ratio", f"{method}_ppl_ratio"), ("top1_agreement",
                                                                  f"{method}_top1")):
-        expected = pareto.frontier_at(mine, row["budget"], key)
+        expected = front.frontier_at(mine, row["budget"], key)
         assert row[column] == (None if expected is None else pytest.approx(expected)), column
-  assert config["best_measured"] == pareto.best_measured(records)
+  assert config["best_measured"] == front.best_measured(records)
 
 
-def test_pareto_summaries_are_recomputed_from_its_records(pareto):
+def test_pareto_summaries_are_recomputed_from_its_records():
   """RESULTS §9 and §11.2: 79 records of every method in one run, each timed beside dense
   (32.7-62.9 tokens/s); under x1.05 the fastest is sparsity at target 0.25, 1.23x the dense
   beside it; under x1.01 nothing is faster than dense."""
   result = load("pareto.json")
   records, config = result["records"], result["config"]
-  check_pareto_summaries(pareto, result)
-  assert {r["method"] for r in records} == set(pareto.METHODS) and len(pareto.METHODS) == 18
+  check_pareto_summaries(result)
+  assert {r["method"] for r in records} == set(methods.names()) and len(methods.names()) == 18
   assert len(records) == 79
   beside = [r["dense_tokens_per_s"] for r in records]
   assert config["dense_tokens_per_s_beside"] == [min(beside), max(beside)]
@@ -84,13 +79,13 @@ def test_pareto_summaries_are_recomputed_from_its_records(pareto):
   assert max(r["measured_speedup"] for r in records if r["ppl_ratio"] <= 1.01) < 1
 
 
-def test_learned_ranks_against_learned_thresholds(pareto):
+def test_learned_ranks_against_learned_thresholds():
   """RESULTS §10.2: in 21 records, at equal bytes, learning ranks with thresholds is x1.118
   against x1.102 at 0.718, falls back at 0.631, and is x2.008 against x2.140 at 0.532; the
   fallback record is the uniform k = 16 tree cut from rank 64, x1.388 against the residual
   sweep's x1.397."""
   result = load("pareto_rank.json")
-  check_pareto_summaries(pareto, result)
+  check_pareto_summaries(result)
   assert len(result["records"]) == 21
   by = {(r["method"], r["knob"].split(",")[-1]): r for r in result["records"]
         if not r["knob"].startswith("k=32")}
@@ -195,7 +190,7 @@ def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
       constants["load"] + sixteen.load_gb, rel=1e-9)
 
 
-def test_pareto_allocations_and_targets(pareto):
+def test_pareto_allocations_and_targets():
   """RESULTS §10.1 and §11.5: learned records fall back by the rule and, held out, are never
   worse than uniform; R-Sparse's searched recipe is (x1.701 against x1.690); TEAL's greedy
   allocation is ahead of learned sparsity at 0.68 of the bytes and of the learned residual at
@@ -215,7 +210,7 @@ def test_pareto_allocations_and_targets(pareto):
   assert not searched["fallback"]
   assert (round(searched["ppl_ratio"], 3), round(searched["uniform_ppl_ratio_at_bytes"], 3)) == (
       1.701, 1.690)
-  greedy = lambda r: pareto.frontier_at(by("sparsity_greedy"), r["bytes_fraction"], "ppl_ratio")
+  greedy = lambda r: front.frontier_at(by("sparsity_greedy"), r["bytes_fraction"], "ppl_ratio")
   at_068 = next(r for r in by("sparsity_learned") if r["knob"] == "target=0.4")
   assert at_068["fallback"] and greedy(at_068) == pytest.approx(1.143, abs=5e-4)
   residual = {r["knob"].split(",")[-1]: r for r in by("residual_learned")}
@@ -230,14 +225,14 @@ def test_pareto_allocations_and_targets(pareto):
   assert kept_all["cats"]["ppl_ratio"] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_pareto_speed_retimes_the_records_at_low_perplexity(pareto):
+def test_pareto_speed_retimes_the_records_at_low_perplexity():
   """RESULTS §11.3: in 9 records with 15 rounds beside dense, sparsity at target 0.25 is 1.05x
   (1.23x in pareto.json, the largest move of a shared record: 0.18x), every row kept 0.94x,
   CATS with every channel kept 0.86x; no record at ppl <= 1.05 reaches 1.15x. Quality is the
   same."""
   result = load("pareto_speed.json")
   records, config = result["records"], result["config"]
-  check_pareto_summaries(pareto, result)
+  check_pareto_summaries(result)
   assert config["speed_repeats"] == 15 and len(records) == 9
   assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [46.5, 62.2]
   main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
@@ -266,13 +261,13 @@ def test_every_row_kept_the_kernel_beats_dense_on_one_layers_maps():
   assert speedups == [0.90, 0.93, 1.32, 1.44]
 
 
-def test_pareto_paired_times_dense_beside_every_record(pareto):
+def test_pareto_paired_times_dense_beside_every_record():
   """RESULTS §11.3: in 28 records, dense drifted 22.9-35.1 tokens/s within the run; beside it,
   sparsity at target 0.25 (ppl x1.025) is 1.12x dense, every row kept 0.95x, CATS every
   channel 0.79x."""
   result = load("pareto_paired.json")
   records, config = result["records"], result["config"]
-  check_pareto_summaries(pareto, result)
+  check_pareto_summaries(result)
   beside = [r["dense_tokens_per_s"] for r in records]
   assert config["dense_tokens_per_s_beside"] == [min(beside), max(beside)]
   assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [22.9, 35.1]
@@ -291,13 +286,13 @@ def test_pareto_paired_times_dense_beside_every_record(pareto):
   assert (round(min(of_ideal), 2), round(max(of_ideal), 2)) == (0.73, 0.98)
 
 
-def test_rsparse_recipe_and_search(pareto):
+def test_rsparse_recipe_and_search():
   """RESULTS §10.3: in 11 records, alpha = 1 (magnitude sparsity) is R-Sparse's best uniform
   split at both s; the search fell back at s = 0.4 and, at s = 0.5, lowered 29 of 120 sites,
   3.3362 -> 3.3215 on calibration text, x1.671 against x1.655 held out; padded and unpadded
   runs of one recipe differ by up to 0.011 nats, more than the search gained at s = 0.4."""
   result = load("pareto_rsparse.json")
-  check_pareto_summaries(pareto, result)
+  check_pareto_summaries(result)
   assert len(result["records"]) == 11
   by = {(r["method"], r["knob"]): r for r in result["records"]}
   for s, sparsity in (("0.4", 1.188), ("0.5", 1.655)):
@@ -336,7 +331,7 @@ def test_rsparse_recipe_and_search(pareto):
   assert grid_gaps == [0.0026, 0.004, -0.0071, 0.0]
 
 
-def test_front_values_held_past_a_methods_largest_bytes(pareto):
+def test_front_values_held_past_a_methods_largest_bytes():
   """RESULTS §9.1: weight SVD's 90% cell is its last point (0.753 of the bytes) held flat, x3.25;
   gsi_ladder alone has a gap (0.55-1.09) across which 90% and 75% are interpolated; the gated
   head over sparsity gains +5.7 and +9.7 top-1 points at 60% and 50%."""

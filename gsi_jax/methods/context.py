@@ -1,0 +1,52 @@
+"""What every method's points read: the base tree, the calibration windows and bases,
+the grid, the evaluator's calibration scores, and the calibration statistics methods
+share (Gram matrices, magnitude thresholds, the head's basis, weight SVDs), each computed
+once per run however many methods use it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Mapping
+
+import gsi_jax
+from gsi_jax import peers
+from gsi_jax.gsi import calibration
+
+
+class Context:
+  """grid: {knob name: value} for every registered knob; runs(name): whether this run
+  evaluates that method; experiment: the shared flags (k, eps, impl, ...)."""
+
+  def __init__(self, evaluator, experiment, grid: Mapping[str, Any],
+               runs: Callable[[str], bool]):
+    self.evaluator, self.experiment, self.grid, self.runs = evaluator, experiment, grid, runs
+    self.model, self.base = evaluator.model, evaluator.base
+    self.bases, self.calib_ids = evaluator.s.bases, evaluator.s.calib.ids
+    self._shared: dict[Hashable, Any] = {}
+
+  def shared(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """compute() once per run under key; later calls with that key return it."""
+    if key not in self._shared:
+      self._shared[key] = compute()
+    return self._shared[key]
+
+  def grams(self) -> dict:
+    """Every site's Gram matrix over the calibration windows, on the base tree."""
+    return self.shared("grams", lambda: calibration.gram_matrices(
+        self.model, self.base, self.calib_ids, progress=False))
+
+  def thresholds(self, target: float, params=None, key: Hashable = "base") -> dict:
+    """{layer: {site: t}}: per site, the |x| quantile for a target sparsity, on `params`
+    (the base tree unless given; `key` names that tree in the cache)."""
+    tree = self.base if params is None else params
+    return self.shared(("thresholds", key, target), lambda: peers.sparsity_thresholds(
+        self.model, tree, self.calib_ids, target))
+
+  def gsi(self, k: int, **kwargs):
+    """The base tree rewritten by apply_gsi at rank k (cheap: not kept)."""
+    return gsi_jax.apply_gsi(self.base, self.bases, k, **kwargs)
+
+  def calib_nll(self, params, gate) -> float:
+    return self.evaluator.calib_nll(params, gate)
+
+  def calib_bytes_fraction(self, params, gate, bytes_of) -> float:
+    return self.evaluator.calib_bytes_fraction(params, gate, bytes_of)

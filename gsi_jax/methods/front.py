@@ -1,0 +1,64 @@
+"""Reading records as fronts: quality at a bytes budget along each method's Pareto
+front, the uniform front an allocation is compared with, and the fastest record under
+each perplexity-ratio limit."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+BUDGETS = (0.9, 0.75, 0.6, 0.5)
+PPL_LIMITS = (1.01, 1.05, 1.10)
+BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
+                "bytes_fraction", "tokens_per_s", "dense_tokens_per_s"]
+
+
+def frontier_at(records, budget, key):
+  """Quality at a bytes budget: linear interpolation along the method's Pareto front,
+  held at its last point past its largest bytes; None below its cheapest point."""
+  pts = sorted((r["bytes_fraction"], r[key]) for r in records)
+  better = (lambda a, b: a < b) if key == "ppl_ratio" else (lambda a, b: a > b)
+  front = []
+  for b, q in pts:
+    if not front or better(q, front[-1][1]):
+      front.append((b, q))
+  if not front or budget < front[0][0]:
+    return None  # the method cannot get this cheap
+  xs, ys = zip(*front)
+  return float(np.interp(budget, xs, ys))
+
+
+def budget_rows(records, methods: Sequence[str]) -> list[dict]:
+  """Per budget, every method's perplexity ratio and top-1 along its front."""
+  rows = []
+  for budget in BUDGETS:
+    row = {"budget": budget}
+    for method in methods:
+      mine = [r for r in records if r["method"] == method]
+      row[f"{method}_ppl_ratio"] = frontier_at(mine, budget, "ppl_ratio")
+      row[f"{method}_top1"] = frontier_at(mine, budget, "top1_agreement")
+    rows.append(row)
+  return rows
+
+
+def matched_uniform(records, uniform_of: Mapping[str, str]) -> None:
+  """Each allocated record (learned, greedy, searched) gains its uniform method's
+  perplexity ratio at its bytes."""
+  for r in records:
+    if r["method"] in uniform_of:
+      uniform = [u for u in records if u["method"] == uniform_of[r["method"]]]
+      r["uniform_ppl_ratio_at_bytes"] = frontier_at(uniform, r["bytes_fraction"], "ppl_ratio")
+
+
+def best_measured(records) -> list[dict]:
+  """Per perplexity-ratio limit, the record with the highest measured speedup (records
+  written before dense was timed beside each one have no dense_tokens_per_s)."""
+  rows = []
+  for limit in PPL_LIMITS:
+    ok = [r for r in records if r["ppl_ratio"] <= limit and "measured_speedup" in r]
+    best = max(ok, key=lambda r: r["measured_speedup"], default=None)
+    rows.append({"ppl_ratio_limit": limit,
+                 **({} if best is None else
+                    {key: best[key] for key in BEST_COLUMNS[1:] if key in best})})
+  return rows

@@ -1,0 +1,134 @@
+"""What a method is, and the one registry of them.
+
+A method declares its knobs (the flags its grid reads), the points it evaluates (each a
+pure rewrite of the base tree, built from the calibration statistics that `Context`
+shares across methods), the bytes each point reads per token (from the one byte formula,
+`gsi_jax.metrics.bytes`), and which operation serves its fast path on each platform.
+`experiments/pareto.py` runs any registered method without knowing it by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Mapping
+
+from gsi_jax.errors import GSIError
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+  """One flag of a method's grid: a comma list (`many`) or a single number or name."""
+  name: str
+  cast: type
+  default: Any
+  help: str
+  check: Callable[[Any], str | None] = lambda value: None  # an error message, or None
+  many: bool = True
+  may_be_empty: bool = False
+  sort: bool = False
+
+  def parse(self, raw) -> Any:
+    """The flag's value as the grid holds it (a tuple for a list), checked."""
+    if not self.many:
+      value = raw
+    elif not raw and self.may_be_empty:
+      value = ()
+    elif not raw:
+      raise GSIError(f"--{self.name} is empty")
+    else:
+      try:
+        value = tuple(self.cast(v) for v in raw)
+      except (TypeError, ValueError):
+        raise GSIError(f"--{self.name} must be a comma list of numbers, got "
+                       f"{','.join(raw)}") from None
+      value = tuple(sorted(value)) if self.sort else value
+    message = self.check(value)
+    if message:
+      raise GSIError(message)
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One record of a method: its knob label, the tree it evaluates, its gate (None:
+  dense), fields the record adds, whether it keeps its per-layer shares, and knob values
+  its bytes need that the tree does not show (svd's rank)."""
+  knob: str
+  params: Any
+  gate: Any = None
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  shares: bool = False
+  values: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _always(grid, model_config) -> bool:
+  return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """A registered method.
+
+  points(ctx) yields its records' Points one at a time (a tree is built, scored and
+  dropped before the next); bytes_of(point) -> scores -> weight bytes per token;
+  fast_path names the operation that reads fewer bytes at batch 1, per platform.  An
+  allocation (learned or searched per site) names the uniform method it is compared with.
+  """
+  name: str
+  doc: str
+  knobs: tuple[Knob, ...]
+  points: Callable[[Any], Iterable[Point]]
+  bytes_of: Callable[[Point], Callable[[dict], float]]
+  fast_path: Mapping[str, str]
+  uniform: str | None = None
+  learned: bool = False  # runs with --learned, beside its uniform method
+  runs_on: Callable[[Mapping[str, Any], Any], bool] = _always  # (grid, model config)
+  # Checks across knobs, before any compute: (grid, experiment config), raising GSIError.
+  check: Callable[[Mapping[str, Any], Any], None] | None = None
+  # What the model must have, as (a phrase naming it, model config -> bool): a method named
+  # in --methods on a model without it is refused before calibration.
+  needs: tuple[str, Callable[[Any], bool]] | None = None
+
+
+REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+  """Add a method; its name must be new, and a knob it shares with another method must be
+  the same Knob (one flag, one meaning)."""
+  if method.name in REGISTRY:
+    raise GSIError(f"a method named {method.name} is already registered")
+  missing = set(PLATFORMS) - set(method.fast_path)
+  if missing:
+    raise GSIError(f"method {method.name} names no fast path for {sorted(missing)}")
+  if method.uniform is not None and method.uniform not in REGISTRY:
+    raise GSIError(f"method {method.name}: its uniform method {method.uniform} is not "
+                   "registered (register it first)")
+  known = knobs()
+  for knob in method.knobs:
+    if knob.name in known and known[knob.name] is not knob:
+      raise GSIError(f"method {method.name}: knob --{knob.name} is already declared "
+                     "differently by another method")
+  REGISTRY[method.name] = method
+  return method
+
+
+def unregister(name: str) -> None:
+  """Remove a method (a test's own method, once the test is done)."""
+  REGISTRY.pop(name)
+
+
+def names() -> tuple[str, ...]:
+  return tuple(REGISTRY)
+
+
+def knobs() -> dict[str, Knob]:
+  """Every registered knob by flag name."""
+  return {k.name: k for m in REGISTRY.values() for k in m.knobs}
+
+
+def users(knob: str) -> tuple[str, ...]:
+  """The methods that read a knob."""
+  return tuple(m.name for m in REGISTRY.values() if any(k.name == knob for k in m.knobs))
