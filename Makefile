@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export JAX_PLATFORMS ?= cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 
-.PHONY: demo test test-multiprocess results notebook benchmarks scale clean
+.PHONY: demo test test-multiprocess test-jax011 results notebook benchmarks scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,8 +26,42 @@ test: $(STAMP)
 test-multiprocess: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m multiprocess tests
 
+# The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
+# no gguf, torch or triton.  Every test that needs none of those, nor the default model's
+# weights (a GGUF), runs there too, on tiny models the main environment saves first.
+# About 6 minutes here, install apart.
+VENV11  := .venv-jax011
+STAMP11 := $(VENV11)/.installed
+TINY    := .cache/tiny-models
+JAX011_TESTS := tests/test_kernels.py tests/test_gpu_lowering.py tests/test_gpu_programs.py \
+  tests/test_pallas_model.py tests/test_fast_paths.py tests/test_gsi.py tests/test_allocation.py \
+  tests/test_peers.py tests/test_rsparse_search.py tests/test_methods.py tests/test_import_graph.py \
+  tests/test_results.py tests/test_supervisor.py tests/test_benchmarking.py \
+  tests/test_load_errors.py::test_without_gguf_only_the_gguf_loader_fails
+
+# jaxlib 0.11.2 has no wheel for Python 3.11; pyenv's 3.12 here, or PY312=/path/to/python3.12.
+PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
+
+$(STAMP11): setup.cfg pyproject.toml
+	@$(PY312) -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null || { echo \
+	  "error: make test-jax011 needs Python 3.12 (jaxlib 0.11.2 has no 3.11 wheel); set PY312" >&2; \
+	  exit 2; }
+	test -x $(VENV11)/bin/python || $(PY312) -m venv $(VENV11)
+	$(VENV11)/bin/python -m pip install -q --upgrade pip
+	$(VENV11)/bin/python -m pip install -q 'jax==0.11.2' 'jaxlib==0.11.2' 'transformers==5.17.*' \
+	  'flax>=0.12,<0.13' 'orbax-checkpoint>=0.12,<0.13' optax einops absl-py safetensors \
+	  tokenizers huggingface-hub matplotlib pytest pytest-xdist
+	$(VENV11)/bin/python -m pip install -q --no-deps -e .
+	touch $(STAMP11)
+
+test-jax011: $(STAMP) $(STAMP11)
+	rm -rf $(TINY) && $(PY) -m tests.hf_models $(TINY)
+	GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
+	  -p no:cacheprovider -W ignore::DeprecationWarning -m "not multiprocess" \
+	  -k "not eigh_on_default_model and not default_model_layers" $(JAX011_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VENV11) .pytest_cache
 
 # The paper's tables for the default model (RESULTS.md sections 1-12): each script's JSON,
 # Markdown table and figure, the demo, results/pareto.json (every method, the larger part

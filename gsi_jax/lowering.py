@@ -44,11 +44,25 @@ GPU_LIBRARY_CALL = re.compile(r"^(cu|hip)solver_|^(cu|hip)blas|^Sharding$|"
 HOST_CALLBACK = re.compile(r"callback", re.IGNORECASE)
 
 
+# The GPU a program is exported for where lowering must name one: jaxlib >= 0.11 compiles
+# the Triton kernel while lowering, for a device's compute capability, and with no GPU
+# present it takes the device from the context's abstract mesh.  An H200 and an MI300X.
+TARGET_DEVICES = {"cuda": jax.sharding.AbstractDevice("NVIDIA H200", 132, "cuda"),
+                  "rocm": jax.sharding.AbstractDevice("gfx942", 304, "rocm")}
+
+
 def export_for(fn, args, platform: str) -> export.Exported:
-  """`fn` (jitted) exported for `platform`; only our own kernel's custom-call check is off."""
+  """`fn` (jitted) exported for `platform`, as for TARGET_DEVICES' GPU; only our own
+  kernel's custom-call check is off."""
   disabled = [export.DisabledSafetyCheck.custom_call(t) for t in KERNEL_TARGETS.get(platform, ())
               if t != "tpu_custom_call"]  # Mosaic's call is on export's stable list already
-  return export.export(fn, platforms=[platform], disabled_checks=disabled)(*args)
+  exporting = export.export(fn, platforms=[platform], disabled_checks=disabled)
+  if platform not in TARGET_DEVICES:
+    return exporting(*args)
+  target = jax.sharding.AbstractMesh((1,), ("target",), (jax.sharding.AxisType.Auto,),
+                                     abstract_device=TARGET_DEVICES[platform])
+  with jax.sharding.use_abstract_mesh(target):
+    return exporting(*args)
 
 
 _last_text: dict[bytes, str] = {}

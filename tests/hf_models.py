@@ -69,3 +69,12 @@ def save_char_tokenizer(folder, vocab_size: int = 101):
   tok = Tokenizer(models.BPE(vocab, [], unk_token="[UNK]"))
   tok.decoder = decoders.Fuse()
   transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(folder)
+
+
+if __name__ == "__main__":  # python -m tests.hf_models DIR: every tiny model, for GSI_JAX_TINY_MODELS
+  import os
+  import sys
+  for name in TINY:
+    folder = os.path.join(sys.argv[1], name)
+    save(name, folder)
+    save_char_tokenizer(folder)
