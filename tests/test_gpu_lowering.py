@@ -5,6 +5,9 @@ so a change that breaks the kernel's GPU lowering fails here.  Lowering proves l
 running: test_gpu_binaries.py compiles the Triton IR; benchmarks/gpu_check.sh runs it.
 """
 
+import re
+
+import jax.numpy as jnp
 import pytest
 
 from gsi_jax import lowering
@@ -33,3 +36,19 @@ def test_kernel_lowers_at_every_paper_shape(platform, part):
         assert (r["kernel_calls"], r["other_calls"], r["interpreter_loops"]) == (1, [], 0), r
         if platform in lowering.ARCHES:
           assert r["launches"] == [{"grid": r["planned_grid"], **r["planned_launch"]}], r
+
+
+@pytest.mark.parametrize("platform", ["cuda", "rocm"])
+@pytest.mark.parametrize("dtype, short", [(jnp.float32, "f32"), (jnp.bfloat16, "bf16")])
+def test_kernel_products_are_ieee_in_the_weights_dtype(platform, dtype, short):
+  """The prefill plan's tensor-core products (g M and x W) multiply operands in the
+  weights' dtype (g cast to M's) at IEEE precision: no TF32, whose errors (near 1e-3) the
+  float32 TOLERANCE would not allow on a GPU.  Triton prints inputPrecision only when it is
+  not IEEE."""
+  exported = lowering.gated_matmul_export(platform, 16, 256, 32, 256, dtype)
+  dots = [line for call in lowering.triton_calls(exported) for line in call.ttir.splitlines()
+          if " tt.dot " in line]
+  assert len(dots) == 2
+  for line in dots:
+    assert "inputPrecision" not in line, line
+    assert re.findall(r"tensor<[0-9x]+x(\w+)>", line) == [short, short, "f32"], line

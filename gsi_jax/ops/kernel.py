@@ -31,15 +31,26 @@ from gsi_jax.ops import tiling
 FAST, SLOW, PADDING = 1, 0, -1
 INTERPRETED_PLAN = "cuda"  # the plan cpu runs in interpret mode
 
+# The one statement of precision.  g enters the kernel in M's dtype, so each product's
+# operands share the weights' dtype, and every product runs at Precision.HIGHEST: IEEE for
+# float32 (a GPU's default for float32 dots is TF32, whose 10-bit mantissa errs near 1e-3),
+# bfloat16 operands accumulated in float32.  The reference computes in float32 at HIGHEST.
+# TOLERANCE: the largest error of the kernel against its reference that each dtype
+# allows, as a share of the output's largest magnitude.
+PRECISION = lax.Precision.HIGHEST
+TOLERANCE = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.bfloat16): 3e-2}
+
 
 def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
-  """Pure JAX, same signature: both products, then a per-token select (float32 math).
+  """Pure JAX, same signature: both products, then a per-token select (g in M's dtype as
+  the kernel takes it, then float32 math at IEEE precision).
 
   W is (d, O), or (O, d) when w_transposed (a tied LM head reads its table).
   """
-  y_fast = jnp.dot(g_TK.astype(jnp.float32), M_KO.astype(jnp.float32))
+  f32 = lambda a: a.astype(jnp.float32)
+  y_fast = jnp.dot(f32(g_TK.astype(M_KO.dtype)), f32(M_KO), precision=PRECISION)
   dims = (((1,), (1,)), ((), ())) if w_transposed else (((1,), (0,)), ((), ()))
-  y_slow = lax.dot_general(x_TD.astype(jnp.float32), W.astype(jnp.float32), dims)
+  y_slow = lax.dot_general(f32(x_TD), f32(W), dims, precision=PRECISION)
   return jnp.where(fast_T[:, None], y_fast, y_slow).astype(x_TD.dtype)
 
 
@@ -92,6 +103,7 @@ def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLay
       dtype = jnp.promote_types(a.dtype, b.dtype)
       dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
       return acc + lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
+                                   precision=PRECISION,
                                    preferred_element_type=jnp.float32)
     return lax.fori_loop(0, chunk // block, body, zeros())
 
@@ -125,7 +137,7 @@ def gated_matmul_on(platform: str, x_TD, g_TK, fast_T, M_KO, W, *, w_transposed:
   state = _pad(jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)[:, None], (Tp, 1))
   state = jnp.where(jnp.arange(Tp)[:, None] < T, state, PADDING)
   x = _pad(x_TD, (Tp, Dp))
-  g = _pad(g_TK.astype(jnp.float32), (Tp, Kp))
+  g = _pad(g_TK.astype(M_KO.dtype), (Tp, Kp))  # g M in M's dtype (see PRECISION)
   M = _pad(M_KO, (Kp, Op))
   W = _pad(W, (Op, Dp) if w_transposed else (Dp, Op))
   bt, bo = lay.block_t, lay.block_o
