@@ -96,7 +96,7 @@ def config_from_flags() -> ParetoConfig:
   knobs = methods.knobs()
   return ParetoConfig(
       base=cli.experiment_config(OUT),
-      grid={name: knob.parse(FLAGS[name].value) for name, knob in knobs.items()},
+      grid={name: cli.knob_value(knob, FLAGS[name].value) for name, knob in knobs.items()},
       methods=tuple(FLAGS.methods), speed_repeats=FLAGS.speed_repeats, learned=FLAGS.learned,
       given=frozenset(name for name in knobs if FLAGS[name].present))
 

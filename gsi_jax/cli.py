@@ -169,6 +169,19 @@ def define_knob_flags(knobs) -> None:
       define(name, knob.default, knob.help)
 
 
+def knob_value(knob, raw):
+  """A method knob's flag value as its grid holds it (a tuple for a list), checked."""
+  if not knob.many:
+    value = raw
+  elif not raw and knob.may_be_empty:
+    value = ()
+  elif knob.cast is str:
+    value = tuple(raw)
+  else:
+    value = numbers(knob.name, raw, knob.cast)
+  return knob.checked(tuple(sorted(value)) if knob.many and knob.sort else value)
+
+
 def define_experiment_flags(**defaults) -> None:
   """The flags every experiment shares; `defaults` override their defaults by name.
 

@@ -29,21 +29,8 @@ class Knob:
   may_be_empty: bool = False
   sort: bool = False
 
-  def parse(self, raw) -> Any:
-    """The flag's value as the grid holds it (a tuple for a list), checked."""
-    if not self.many:
-      value = raw
-    elif not raw and self.may_be_empty:
-      value = ()
-    elif not raw:
-      raise GSIError(f"--{self.name} is empty")
-    else:
-      try:
-        value = tuple(self.cast(v) for v in raw)
-      except (TypeError, ValueError):
-        raise GSIError(f"--{self.name} must be a comma list of numbers, got "
-                       f"{','.join(raw)}") from None
-      value = tuple(sorted(value)) if self.sort else value
+  def checked(self, value) -> Any:
+    """value (a tuple for a list knob), once its own check passes."""
     message = self.check(value)
     if message:
       raise GSIError(message)

@@ -57,10 +57,6 @@ def _greedy_points(ctx):
                 extra={"allocation": levels[sp]})
 
 
-def _check_greedy(grid, experiment):
-  greedy_sparsity.GreedyConfig(step=grid["greedy_step"], windows=grid["greedy_windows"])
-
-
 register(Method(
     "sparsity", "TEAL-style magnitude sparsity: inputs below a per-site |x| threshold skip "
     "their rows of W.", (SPARSITY,), _sparsity_points, by_tree(sparse_bytes), KEPT_ROWS))
@@ -71,4 +67,4 @@ register(Method(
 register(Method(
     "sparsity_greedy", "TEAL's greedy allocation: per layer, raise the site whose raise "
     "leaves the block output closest to dense.", (GREEDY_SPARSITY, GREEDY_STEP, GREEDY_WINDOWS),
-    _greedy_points, by_tree(sparse_bytes), KEPT_ROWS, uniform="sparsity", check=_check_greedy))
+    _greedy_points, by_tree(sparse_bytes), KEPT_ROWS, uniform="sparsity"))
