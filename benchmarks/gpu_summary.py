@@ -1,13 +1,15 @@
 """One summary of a benchmarks/gpu_check.sh run: what passed, and the figures a GPU gives.
 
-  python benchmarks/gpu_summary.py --dir results/benchmarks/gpu --peak_bandwidth_gb_s 4800
+  python benchmarks/gpu_summary.py --dir results/benchmarks/gpu
 
 Reads what the run's steps wrote to --dir (steps.txt: one `name exit_status seconds`
-line per step; linear_pallas_bf16.json; scale_gptj_6b.json) and writes
-gpu_summary.json there: each step's status, the kernel's GB/s against the HBM
-peak at each forced fast share beside dense XLA in the same process, the
-full-depth GPT-J-shaped calibration time and decode through the kernel.  A step
-that failed or never ran is reported as such; the others still are.
+line per step; kernel_check.json, kernel_timing.json, kernel_tiles.json and
+scale_gptj_6b.json) and writes gpu_summary.json there: each step's status, the read
+ceiling the run measured, the kernel's correctness, its calls beside dense at each token
+count and fast share (and every bandwidth as a share of that ceiling), the best decode
+tile, and the full-depth GPT-J-shaped calibration time and decode.  A step that failed or
+never ran is reported as such; the others still are.  --nominal_gb_s (H200: 4800) is
+reported beside the measured ceiling, never divided by.
 """
 
 import json
@@ -19,10 +21,13 @@ from gsi_jax import cli, experiment
 from gsi_jax.errors import GSIError
 
 _DIR = flags.DEFINE_string("dir", "results/benchmarks/gpu", "The run's output folder.")
-_PEAK = flags.DEFINE_float("peak_bandwidth_gb_s", 4800.0, "HBM peak (H200: 4800 GB/s).")
+_NOMINAL = flags.DEFINE_float("nominal_gb_s", 4800.0, "The device's nominal HBM bandwidth "
+                              "(H200: 4800 GB/s), reported beside the measured ceiling.")
 _OUT = flags.DEFINE_string("out", None, "JSON output (default: DIR/gpu_summary.json).")
 
-STEPS, LINEAR, SCALE = "steps.txt", "linear_pallas_bf16.json", "scale_gptj_6b.json"
+STEPS = "steps.txt"
+CHECK, TIMING, TILES, SCALE = ("kernel_check.json", "kernel_timing.json", "kernel_tiles.json",
+                               "scale_gptj_6b.json")
 
 
 def _read(folder: str, name: str):
@@ -43,40 +48,89 @@ def steps(folder: str) -> dict:
           for name, rc, s in rows}
 
 
-def kernel_figures(linear: dict, peak: float) -> dict:
-  if "missing" in linear:
-    return linear
-  rows = [{"d": r["d"], "d_out": r["d_out"], "k": r["k"], "fast_share": r["fast_share"],
-           "kernel_gb_s": r["gsi_gb_s"], "kernel_of_peak": r["gsi_gb_s"] / peak,
-           "dense_xla_gb_s": r["dense_gb_s"], "dense_xla_of_peak": r["dense_gb_s"] / peak,
-           "kernel_speedup_over_dense": r["measured_speedup"],
-           "byte_ideal_speedup": r["ideal_speedup"]} for r in linear["records"]]
-  return {"devices": linear["config"]["devices"], "rows": rows}
+def _share(gb_s, ceiling):
+  return gb_s / ceiling if ceiling else None
 
 
-def scale_figures(scale: dict) -> dict:
+def correctness(check: dict) -> dict:
+  if "missing" in check or "correct" not in check:
+    return {"missing": check.get("missing", "kernel_check.json has no correct part")}
+  rows = check["correct"]
+  worst = {}
+  for r in rows:
+    worst[r["dtype"]] = max(worst.get(r["dtype"], 0.0), r["relative_error"])
+  return {"cases": len(rows), "passed": sum(r["passed"] for r in rows),
+          "worst_relative_error": worst,
+          "tolerance": {r["dtype"]: r["tolerance"] for r in rows},
+          "failed": [r for r in rows if not r["passed"]]}
+
+
+def kernel_rows(timed: dict, ceiling) -> list | dict:
+  if "missing" in timed:
+    return timed
+  keys = ("d", "out", "k", "tokens", "fast_share", "kernel_us", "dense_us", "kernel_gb_s",
+          "dense_gb_s", "byte_ideal_speedup", "verdict")
+  rows = []
+  for part in ("timing", "tiles"):
+    for r in timed.get(part, []):
+      row = {key: r[key] for key in keys}
+      row.update({key: r[key] for key in ("block_o", "block_d", "num_warps") if key in r})
+      row.update(speedup=r["speedup"]["ratio"], speedup_low=r["speedup"]["ratio_low"],
+                 speedup_high=r["speedup"]["ratio_high"], rounds=r["speedup"]["rounds"],
+                 kernel_of_ceiling=_share(r["kernel_gb_s"], ceiling),
+                 dense_of_ceiling=_share(r["dense_gb_s"], ceiling))
+      rows.append(row)
+  return rows
+
+
+def best_tile(tiles) -> dict | None:
+  """The tile plan with the least summed time over all slow and all fast."""
+  if not isinstance(tiles, list) or not tiles:
+    return None
+  total = {}
+  for r in tiles:
+    key = f"{r['block_o']}x{r['block_d']}x{r['num_warps']}"
+    total[key] = total.get(key, 0.0) + r["kernel_us"]
+  return {"tile": min(total, key=total.get), "us_slow_plus_fast": total}
+
+
+def scale_figures(scale: dict, ceiling) -> dict:
   if "missing" in scale:
     return scale
   keep = ("shape", "layers", "calib_tokens", "k", "devices", "load_s", "calibration_s",
           "solve_s", "decode_layers", "decode_dtype", "dense_tokens_per_s",
-          "dense_bandwidth_gb_s", "dense_bandwidth_share", "points")
-  return {key: scale.get(key) for key in keep}
+          "dense_bandwidth_gb_s", "points")
+  out = {key: scale.get(key) for key in keep}
+  if scale.get("dense_bandwidth_gb_s") is not None:
+    out["dense_of_ceiling"] = _share(scale["dense_bandwidth_gb_s"], ceiling)
+  for p in out.get("points") or []:
+    p["of_ceiling"] = _share(p["bandwidth_gb_s"], ceiling)
+  return out
 
 
-def summarise(folder: str, peak: float) -> dict:
-  return {"peak_bandwidth_gb_s": peak, "steps": steps(folder),
-          "kernel_one_map": kernel_figures(_read(folder, LINEAR), peak),
-          "gptj_6b_shape": scale_figures(_read(folder, SCALE))}
+def summarise(folder: str, nominal: float) -> dict:
+  check = _read(folder, CHECK)
+  measured = check.get("ceiling", {})
+  ceiling = measured.get("ceiling_gb_s")
+  tiles = _read(folder, TILES)
+  return {"ceiling_gb_s": ceiling, "ceiling": measured or {"missing": check.get(
+              "missing", "kernel_check.json has no ceiling part")},
+          "nominal_gb_s": nominal,
+          "ceiling_of_nominal": _share(ceiling, nominal) if ceiling else None,
+          "steps": steps(folder), "correctness": correctness(check),
+          "kernel_calls": kernel_rows(_read(folder, TIMING), ceiling),
+          "tiles": kernel_rows(tiles, ceiling), "best_tile": best_tile(tiles.get("tiles")),
+          "gptj_6b_shape": scale_figures(_read(folder, SCALE), ceiling)}
 
 
 def main(argv):
   del argv
   if not os.path.isdir(_DIR.value):
     raise GSIError(f"--dir: {_DIR.value} is not a folder; give the folder gpu_check.sh wrote")
-  if not _PEAK.value > 0:
-    raise GSIError(f"--peak_bandwidth_gb_s must be > 0, got {_PEAK.value}")
+  if not _NOMINAL.value > 0:
+    raise GSIError(f"--nominal_gb_s must be > 0, got {_NOMINAL.value}")
   out = experiment.check_output_path(_OUT.value or os.path.join(_DIR.value, "gpu_summary.json"))
-  experiment.write_json(out, summarise(_DIR.value, _PEAK.value))
+  experiment.write_json(out, summarise(_DIR.value, _NOMINAL.value))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
       --out results/benchmarks/scale-gptj-6b.json
 
 Weights are random (benchmarks/make_checkpoint.py writes them when --checkpoint
-is missing): memory, time and bytes are what this measures, never quality.
+is missing, or --in_memory generates them on the device with nothing on disk): memory,
+time and bytes are what this measures, never quality.
 Token ids are random too.  Phases, each in this one process:
   load       bf16 weights through load_model, peak resident memory of the load;
   calibrate  streaming calibration at full depth for each --method except eigh;
@@ -52,6 +53,9 @@ from gsi_jax.models import params as P
 _SHAPE = flags.DEFINE_enum("shape", "gptj-6b", list(synthetic.SHAPES), "Published shape.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Random-weight checkpoint folder "
                                   "(written there first when missing).")
+_IN_MEMORY = flags.DEFINE_bool("in_memory", False, "Generate the random weights on the device "
+                               "instead of a checkpoint (nothing on disk; load_s is the "
+                               "generation time, and bytes_read is 0).")
 _LAYERS = flags.DEFINE_integer("layers", None, "Blocks to load and calibrate (default: all).")
 _CALIB_TOKENS = flags.DEFINE_integer("calib_tokens", 512, "Calibration tokens (random ids).")
 _SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "Calibration window length.")
@@ -92,6 +96,7 @@ class ScaleConfig:
   repeats: int
   impl: str
   out: str
+  in_memory: bool = False
 
   def __post_init__(self):
     for name in ("calib_tokens", "seq_len", "k", "decode_k", "new_tokens", "repeats"):
@@ -115,9 +120,13 @@ class ScaleConfig:
       raise GSIError(f"--decode_k ({self.decode_k}) must be below --calib_tokens "
                      f"({self.calib_tokens}): the calibration tokens span at most that many "
                      "directions, and a larger basis is arbitrary past them")
+    if self.in_memory:
+      if self.checkpoint:
+        raise GSIError("--checkpoint and --in_memory exclude each other: drop one")
+      return
     if not self.checkpoint:
       raise GSIError("--checkpoint is required: a folder holding (or to receive) the "
-                     "random-weight checkpoint")
+                     "random-weight checkpoint (or pass --in_memory)")
     if os.path.exists(os.path.join(self.checkpoint, "config.json")):
       if not synthetic.is_complete(self.checkpoint):
         raise GSIError(f"{self.checkpoint} holds an incomplete checkpoint; delete it")
@@ -127,7 +136,7 @@ class ScaleConfig:
 
 def check_depth(cfg: ScaleConfig) -> int:
   """The checkpoint's depth (or the shape's, before it is written); checks the layer flags."""
-  if synthetic.is_complete(cfg.checkpoint):
+  if not cfg.in_memory and synthetic.is_complete(cfg.checkpoint):
     with open(os.path.join(cfg.checkpoint, "config.json"), encoding="utf-8") as f:
       depth = config_from_hf(json.load(f)).n_layers
   else:
@@ -226,8 +235,7 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
 
 def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
   """Dense, static and gated decode of the model cut to --decode_layers blocks."""
-  model = gsi_jax.load_model(cfg.checkpoint, cfg.decode_dtype, n_layers=cfg.decode_layers,
-                             mesh=mesh)
+  model = load(cfg, cfg.decode_dtype, cfg.decode_layers, mesh)
   bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
                             seq_len=cfg.seq_len, source="random token ids", progress=False,
                             mesh=mesh)
@@ -281,16 +289,24 @@ def every_process(value: float) -> list[float]:
   return [float(v) for v in np.asarray(multihost_utils.process_allgather(np.float32(value)))]
 
 
+def load(cfg: ScaleConfig, dtype: str, layers: int | None, mesh=None):
+  if cfg.in_memory:
+    return synthetic.random_model(cfg.shape, dtype, layers)
+  return gsi_jax.load_model(cfg.checkpoint, dtype, n_layers=layers, mesh=mesh)
+
+
 def run(cfg: ScaleConfig) -> dict:
   made = None
-  if not synthetic.is_complete(cfg.checkpoint) and distributed.is_primary():
+  if not cfg.in_memory and not synthetic.is_complete(cfg.checkpoint) \
+      and distributed.is_primary():
     logging.info("writing a random %s checkpoint to %s", cfg.shape, cfg.checkpoint)
     made = synthetic.write_random_checkpoint(synthetic.hf_config(cfg.shape), cfg.checkpoint)
   distributed.from_primary(0)  # the others wait for the checkpoint
   mesh = sharding.make_mesh() if jax.process_count() > 1 else None
   with PeakMemory() as mem:
     t0 = time.perf_counter()
-    model = gsi_jax.load_model(cfg.checkpoint, cfg.dtype, n_layers=cfg.layers, mesh=mesh)
+    model = load(cfg, cfg.dtype, cfg.layers, mesh)
+    jax.block_until_ready(model.params)
     load_s = time.perf_counter() - t0
   weights_gb = sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9
   logging.info("loaded %d layers, %.2f GB in %.0f s (peak %.2f GB)", model.config.n_layers,
@@ -324,8 +340,12 @@ def main(argv):
       decode_layers=_DECODE_LAYERS.value, decode_dtype=_DECODE_DTYPE.value,
       peak_bandwidth_gb_s=_PEAK_GB_S.value, decode_k=_DECODE_K.value,
       new_tokens=_NEW_TOKENS.value, repeats=_REPEATS.value, impl=_IMPL.value,
-      out=_OUT.value or f"results/benchmarks/scale-{_SHAPE.value}.json")
+      out=_OUT.value or f"results/benchmarks/scale-{_SHAPE.value}.json",
+      in_memory=_IN_MEMORY.value)
   out = experiment.check_output_path(cfg.out)
+  if cfg.in_memory and jax.process_count() > 1:
+    raise GSIError("--in_memory generates whole weights in one process; on several processes "
+                   "give --checkpoint, which each process reads its columns of")
   check_depth(cfg)
   experiment.write_json(out, run(cfg))
 

@@ -1,6 +1,7 @@
-"""How every benchmark measures: best-of-n wall time, greedy decode tokens/s with
-compile time apart, cache-cold scans over distinct weight copies, where a decode's
-time goes, and peak resident memory of one phase of work."""
+"""How every benchmark measures: paired rounds and the median of their ratios with a
+bootstrap interval, best-of-n wall time, greedy decode tokens/s with compile time apart,
+cache-cold scans over distinct weight copies, where a decode's time goes, and peak
+resident memory of one phase of work."""
 
 from __future__ import annotations
 
@@ -15,8 +16,48 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gsi_jax.errors import GSIError
+
+
+def alternating_rounds(fns, rounds: int):
+  """(seconds[round][i], compile seconds[i]): each fn run once to compile and warm up,
+  then all of them once per round, in turn.  A drift in the machine's speed reaches every
+  fn of a round alike, so per-round ratios cancel it where best-of-n times do not."""
+  if int(rounds) < 1:
+    raise GSIError(f"timed repeats must be >= 1, got {rounds}")
+  compile_s = [_seconds(fn) for fn in fns]
+  return [[_seconds(fn) for fn in fns] for _ in range(rounds)], compile_s
+
+
+def ratio_interval(base_s, other_s, confidence: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> dict:
+  """The speed of `other` over `base` (base time / other time) from paired rounds: the
+  median of the per-round ratios, and a bootstrap interval of that median (rounds
+  resampled with replacement).  `base_spread` is the base's slowest round over its
+  fastest, the noise every claim here sits in."""
+  base, other = np.asarray(base_s, float), np.asarray(other_s, float)
+  if base.shape != other.shape or base.ndim != 1 or not base.size:
+    raise GSIError(f"paired rounds must be two equal non-empty lists, got {base.shape} "
+                   f"and {other.shape}")
+  ratios = base / other
+  draws = np.random.default_rng(seed).integers(0, ratios.size, (resamples, ratios.size))
+  medians = np.median(ratios[draws], axis=1)
+  tail = 100 * (1 - confidence) / 2
+  low, high = np.percentile(medians, [tail, 100 - tail])
+  return {"ratio": float(np.median(ratios)), "ratio_low": float(low),
+          "ratio_high": float(high), "confidence": confidence, "rounds": int(ratios.size),
+          "base_spread": float(base.max() / base.min())}
+
+
+def verdict(interval: dict) -> str:
+  """"faster", "slower", or "within noise" where the interval holds 1.0."""
+  if interval["ratio_low"] > 1:
+    return "faster"
+  if interval["ratio_high"] < 1:
+    return "slower"
+  return "within noise"
 
 
 def best_time(fn, repeats: int) -> float:
@@ -34,12 +75,9 @@ def paired_tokens_per_s(model, ids, n: int, repeats: int, runs):
   machine's speed reaches every run of a round alike (dense beside a method, say)."""
   if int(n) < 1:
     raise GSIError(f"new tokens must be >= 1, got {n}")
-  if int(repeats) < 1:
-    raise GSIError(f"timed repeats must be >= 1, got {repeats}")
   decodes = [lambda p=p, g=g: jax.block_until_ready(
       model.generate(p, ids, n, g, stop_at_eos=False)) for p, g in runs]
-  compile_s = [_seconds(decode) for decode in decodes]
-  rounds = [[_seconds(decode) for decode in decodes] for _ in range(repeats)]
+  rounds, compile_s = alternating_rounds(decodes, repeats)
   return [(n / min(times), c) for times, c in zip(zip(*rounds), compile_s)]
 
 

@@ -39,3 +39,34 @@ def test_bad_counts_are_refused_before_any_decode(n, repeats, message):
   with pytest.raises(GSIError, match=message):
     benchmarking.paired_tokens_per_s(model, None, n, repeats, [("dense", None)])
   assert not model.calls
+
+
+def test_alternating_rounds_warm_each_fn_then_run_all_in_turn():
+  order = []
+  fns = [lambda: order.append("a"), lambda: order.append("b")]
+  rounds, compile_s = benchmarking.alternating_rounds(fns, 3)
+  assert order == ["a", "b"] * 4
+  assert len(rounds) == 3 and all(len(r) == 2 for r in rounds) and len(compile_s) == 2
+
+
+def test_ratio_interval_is_the_median_ratio_and_a_bootstrap_interval_around_it():
+  steady = benchmarking.ratio_interval([2.0] * 5, [1.0] * 5)
+  assert (steady["ratio"], steady["ratio_low"], steady["ratio_high"]) == (2.0, 2.0, 2.0)
+  assert steady["rounds"] == 5 and steady["base_spread"] == 1.0
+  assert benchmarking.verdict(steady) == "faster"
+  # Per-round ratios 0.8, 0.9, 1.0, 1.1, 1.2 (the base drifting from 1 to 3 s): the
+  # median is 1.0, the interval holds it, and a drift of 3x is the base's spread.
+  base = [1.0, 1.5, 2.0, 2.5, 3.0]
+  noisy = benchmarking.ratio_interval(base, [b / r for b, r in zip(base, [0.8, 0.9, 1.0, 1.1, 1.2])])
+  assert noisy["ratio"] == pytest.approx(1.0)
+  assert 0.8 <= noisy["ratio_low"] < 1.0 < noisy["ratio_high"] <= 1.2
+  assert noisy["base_spread"] == pytest.approx(3.0)
+  assert benchmarking.verdict(noisy) == "within noise"
+  assert benchmarking.verdict(benchmarking.ratio_interval([1.0] * 4, [2.0] * 4)) == "slower"
+
+
+def test_ratio_interval_refuses_unpaired_rounds():
+  with pytest.raises(GSIError, match="two equal non-empty lists"):
+    benchmarking.ratio_interval([1.0, 2.0], [1.0])
+  with pytest.raises(GSIError, match="two equal non-empty lists"):
+    benchmarking.ratio_interval([], [])

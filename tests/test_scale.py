@@ -234,51 +234,6 @@ def test_make_checkpoint_refuses_to_overwrite(sharded_checkpoint):
   assert_one_error_line(run_benchmark("make_checkpoint.py", []), "--out is required")
 
 
-def test_gpu_check_steps_run_and_summarise(sharded_checkpoint, tmp_path):
-  """benchmarks/gpu_check.sh's benchmark steps, with its flags at tiny sizes on this CPU (the
-  kernel interpreted), and the summary it ends with."""
-  folder, _ = sharded_checkpoint
-  assert subprocess.run(["bash", "-n", os.path.join(ROOT, "benchmarks", "gpu_check.sh")]
-                        ).returncode == 0
-  linear = run_benchmark("linear.py", [
-      "--impl=pallas", "--dtype=bfloat16", "--d=64", "--d_out=96", "--k=16",
-      "--fast_share=0,0.5,1", "--tokens=8", "--copies=2", "--repeats=1",
-      f"--out={tmp_path / 'linear_pallas_bf16.json'}"])
-  assert linear.returncode == 0, linear.stderr[-3000:]
-  scale = run_benchmark("scale.py", [
-      f"--checkpoint={folder}", "--impl=pallas", "--dtype=bfloat16", "--decode_dtype=bfloat16",
-      "--decode_layers=1", "--k=4", "--decode_k=8", "--method=cascade", "--eigh_layers=0",
-      "--calib_tokens=64", "--seq_len=32", "--new_tokens=2", "--repeats=1",
-      "--peak_bandwidth_gb_s=4800", f"--out={tmp_path / 'scale_gptj_6b.json'}"])
-  assert scale.returncode == 0, scale.stderr[-3000:]
-  (tmp_path / "steps.txt").write_text("lowering 0 50\nkernel 5 9\nlinear 0 3\nscale 0 40\n")
-  summary = run_benchmark("gpu_summary.py", [f"--dir={tmp_path}", "--peak_bandwidth_gb_s=4800"])
-  assert summary.returncode == 0, summary.stderr[-3000:]
-  s = json.loads((tmp_path / "gpu_summary.json").read_text())
-  assert s["steps"]["kernel"] == {"exit_status": 5, "seconds": 9, "passed": False}
-  assert s["steps"]["scale"]["passed"]
-  rows = s["kernel_one_map"]["rows"]
-  assert [r["fast_share"] for r in rows] == [0.0, 0.5, 1.0]
-  for r in rows:
-    assert r["kernel_of_peak"] == pytest.approx(r["kernel_gb_s"] / 4800)
-    assert r["dense_xla_gb_s"] > 0 and r["kernel_speedup_over_dense"] > 0
-  gptj = s["gptj_6b_shape"]
-  assert set(gptj["calibration_s"]) == {"cascade"} and gptj["calibration_s"]["cascade"] > 0
-  assert [p["impl"] for p in gptj["points"]] == ["pallas"] * 3
-  assert gptj["dense_bandwidth_share"] == pytest.approx(gptj["dense_bandwidth_gb_s"] / 4800)
-
-
-def test_gpu_summary_reports_missing_steps(tmp_path):
-  """A run whose steps died leaves a summary that says so, not a traceback."""
-  proc = run_benchmark("gpu_summary.py", [f"--dir={tmp_path}"])
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  s = json.loads((tmp_path / "gpu_summary.json").read_text())
-  assert s["steps"] == {}
-  assert "missing" in s["kernel_one_map"] and "missing" in s["gptj_6b_shape"]
-  assert_one_error_line(run_benchmark("gpu_summary.py", [f"--dir={tmp_path / 'nowhere'}"]),
-                        "is not a folder")
-
-
 def test_memory_plan_models_what_a_process_reads():
   """footprint's bytes for GPT-J's first 4 layers on 2 devices are what each of the 2
   processes of RESULTS §13.4 read (bytes_read_gb_per_process), and on 1 device the whole."""

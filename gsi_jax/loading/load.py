@@ -104,7 +104,7 @@ def _build(config, table, tensors: mapping.TensorSource, dtype, origin, tokenize
                eos_ids=eos_ids, bytes_read=bytes_read)
 
 
-def _first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
+def first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
   """The model cut to its first n_layers blocks (None: all), to profile a layer shape."""
   if n_layers is None:
     return config
@@ -116,7 +116,7 @@ def _first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
 def load_gguf(path: str, dtype="float32", n_layers: int | None = None, mesh=None) -> Model:
   """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
-  config = _first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
+  config = first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
   tokenizer = _read_tokenizer(lambda: gguf_file.tokenizer_from_gguf(reader, path), path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
                 dtype, path, tokenizer, path, _eos_ids(tokenizer, path), n_layers is None, mesh)
@@ -238,7 +238,7 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
     config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
   except GSIError as e:
     raise GSIError(f"{config_path}: {e}") from None
-  config = _first_layers(config, n_layers)
+  config = first_layers(config, n_layers)
   # Checked before the tokenizer, whose own build would fail on it less clearly.
   configured_eos = _eos_ids(None, config_path, raw.get("eos_token_id"))
   tokenizer = None

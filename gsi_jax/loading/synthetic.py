@@ -35,6 +35,9 @@ SHAPES = {
                                    do_layer_norm_before=True)),
     "gpt2-1.5b": ("GPT2Config", dict(vocab_size=50257, n_positions=1024, n_embd=1600, n_layer=48,
                                      n_head=25)),
+    # GPT-J's architecture at test size: dry runs of the scale benchmark (gpu_check.sh).
+    "gptj-tiny": ("GPTJConfig", dict(vocab_size=512, n_positions=256, n_embd=128, n_layer=2,
+                                     n_head=4, rotary_dim=16, bos_token_id=0, eos_token_id=0)),
 }
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -103,6 +106,31 @@ def write_random_checkpoint(config, folder: str, shard_bytes: int = 2 << 30, see
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
   return {"files": len(shards), "bytes": total, "seconds": time.time() - t0,
           "parameters": sum(torch.Size(s).numel() for _, s in shapes)}
+
+
+def random_model(shape: str, dtype="bfloat16", n_layers: int | None = None, seed: int = 0,
+                 std: float = 0.02):
+  """A published shape with N(0, std) matrices, unit norm scales and zero biases, generated
+  where JAX computes (a GPU's own memory) with nothing written to disk: a lent machine
+  that cannot hold or write a 12 GB checkpoint still runs the shape.  No tokenizer."""
+  import jax
+  import jax.numpy as jnp
+  from gsi_jax.loading.hf_config import config_from_hf
+  from gsi_jax.loading.load import first_layers, param_shapes
+  from gsi_jax.models.model import Model
+  config = first_layers(config_from_hf(hf_config(shape).to_dict(), name=shape), n_layers)
+  shapes = param_shapes(config, dtype)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+
+  def fill(i, path, leaf):
+    name = getattr(path[-1], "key", "")
+    if len(leaf.shape) >= 2:
+      key = jax.random.fold_in(jax.random.key(seed), i)
+      return (std * jax.random.normal(key, leaf.shape, jnp.float32)).astype(leaf.dtype)
+    return (jnp.ones if name == "scale" else jnp.zeros)(leaf.shape, leaf.dtype)
+  leaves = [fill(i, path, leaf) for i, (path, leaf) in enumerate(paths)]
+  return Model(config=config, params=jax.tree.unflatten(treedef, leaves), dtype=jnp.dtype(dtype),
+               source=f"random {shape} weights (seed {seed}), generated in memory")
 
 
 def is_complete(folder: str) -> bool:

@@ -41,6 +41,12 @@ PRECISION = lax.Precision.HIGHEST
 TOLERANCE = {jnp.dtype(jnp.float32): 1e-4, jnp.dtype(jnp.bfloat16): 3e-2}
 
 
+def relative_error(y, y_ref) -> float:
+  """The largest error over the largest reference output: what TOLERANCE bounds."""
+  y, y_ref = y.astype(jnp.float32), y_ref.astype(jnp.float32)
+  return float(jnp.abs(y - y_ref).max() / jnp.maximum(jnp.abs(y_ref).max(), 1e-30))
+
+
 def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
   """Pure JAX, same signature: both products, then a per-token select (g in M's dtype as
   the kernel takes it, then float32 math at IEEE precision).

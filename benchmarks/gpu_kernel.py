@@ -1,0 +1,283 @@
+"""The gated kernel on one device: the read ceiling, correctness against HIGHEST references,
+the kernel's calls timed beside dense at 1-16 tokens, and a sweep of decode tiles.
+
+  PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts ceiling,correct --out ceiling.json
+  PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts timing --out timing.json
+  python benchmarks/gpu_kernel.py --dry --out /tmp/k.json      # small shapes, any device
+
+Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
+  ceiling  the device's read bandwidth: a sum over --ceiling_gib of float32 and a copy of
+           it (read + write), each the median of --repeats; the larger is the ceiling
+           every other figure is divided by (a nominal peak is not what a chip reaches);
+  correct  `gated_matmul` against `gated_matmul_reference` (Precision.HIGHEST) at --maps,
+           k = --k, in float32 and bfloat16, 1, 16 and 256 tokens, all slow, mixed and all
+           fast: the largest error over the largest output, against kernel.TOLERANCE;
+  timing   per call, at --tokens tokens and --fast_share shares of fast tokens, in
+           bfloat16: one program of --inner rounds over --copies distinct (M, W) pairs
+           (more bytes than --cache_mb of L2 holds, so every call reads from HBM), with
+           g and the gate given (the call is the kernel with its state, padding and
+           split-K sum); dense x @ W over the same copies in alternation, paired rounds,
+           the median ratio and its bootstrap 95% interval (`benchmarking`);
+  tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
+           --tiles decode plan (block_o x block_d x warps).
+--dry: d = 256, O = 512, k = 32, 1 and 2 tokens, a 64 MiB ceiling, 4 copies and 2 tile
+plans, where a flag does not say otherwise: the whole path in a minute on a CPU, where the
+kernel runs interpreted (its times then mean nothing).
+"""
+
+import dataclasses
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from gsi_jax import cli, experiment
+from gsi_jax.benchmarking import alternating_rounds, ratio_interval, verdict
+from gsi_jax.errors import GSIError
+from gsi_jax.ops import kernel, tiling
+
+PARTS = ("ceiling", "correct", "timing", "tiles")
+_PARTS = flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
+_MAPS = flags.DEFINE_list("maps", ["4096x16384", "4096x4096", "16384x4096"],
+                          "Maps d x O (GPT-J's fc_in, q/k/v/o, fc_out).")
+_K = flags.DEFINE_integer("k", 256, "Rank of M.")
+_TOKENS = flags.DEFINE_list("tokens", ["1", "2", "4", "8", "16"], "Tokens per timed call.")
+_SHARES = flags.DEFINE_list("fast_share", ["0", "0.5", "1"], "Shares of fast tokens timed.")
+_TILES = flags.DEFINE_list("tiles", ["64x64x4", "128x64x4", "256x64x8", "256x32x8",
+                                     "128x128x8"], "Decode plans swept: block_o x block_d x "
+                           "warps (block_k 32, 2 programs per SM/CU).")
+_CEILING_GIB = flags.DEFINE_float("ceiling_gib", 2.0, "GiB read by the ceiling's sum.")
+_CACHE_MB = flags.DEFINE_float("cache_mb", 60.0, "The device's last-level cache (H200: 60).")
+_REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds (ceiling: repeats).")
+_INNER = flags.DEFINE_integer("inner", 8, "Passes over the copies inside one timed program.")
+_DRY = flags.DEFINE_bool("dry", False, "Small shapes: the whole path in seconds, any device.")
+_OUT = flags.DEFINE_string("out", None, "JSON output.")
+
+DRY = dict(maps=["256x512"], k=32, tokens=["1", "2"], ceiling_gib=1 / 16, cache_mb=0.25,
+           tiles=["64x64x4", "128x32x4"], repeats=3, inner=2)
+CORRECT_TOKENS = (1, 16, 256)
+CORRECT_SHARES = (0.0, 0.5, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelBenchConfig:
+  parts: tuple[str, ...]
+  maps: tuple[tuple[int, int], ...]
+  k: int
+  tokens: tuple[int, ...]
+  fast_shares: tuple[float, ...]
+  tiles: tuple[tuple[int, int, int], ...]
+  ceiling_gib: float
+  cache_mb: float
+  repeats: int
+  inner: int
+  out: str
+
+  def __post_init__(self):
+    unknown = sorted(set(self.parts) - set(PARTS))
+    if unknown or not self.parts:
+      raise GSIError(f"--parts takes a list of {', '.join(PARTS)}, got {list(self.parts)}")
+    for name in ("k", "repeats", "inner"):
+      experiment.positive(f"--{name}", getattr(self, name))
+    if any(t < 1 for t in self.tokens):
+      raise GSIError(f"--tokens takes positive whole numbers, got {list(self.tokens)}")
+    if any(not 0 <= f <= 1 for f in self.fast_shares):
+      raise GSIError(f"--fast_share takes numbers in [0, 1], got {list(self.fast_shares)}")
+    if not (self.ceiling_gib > 0 and self.cache_mb > 0):
+      raise GSIError("--ceiling_gib and --cache_mb must be > 0")
+    if any(self.k > d for d, _ in self.maps):
+      raise GSIError(f"--k ({self.k}) must not exceed a map's d ({list(self.maps)})")
+    for bo, bd, warps in self.tiles:
+      if min(bo, bd) < tiling.MIN_BLOCK or warps not in (1, 2, 4, 8, 16):
+        raise GSIError(f"--tiles: {bo}x{bd}x{warps} needs blocks >= {tiling.MIN_BLOCK} and "
+                       "warps a power of two up to 16")
+
+
+def _pairs(flag: str, values, size: int) -> tuple[tuple[int, ...], ...]:
+  out = []
+  for v in values:
+    parts = v.lower().split("x")
+    if len(parts) != size or not all(p.isdigit() and int(p) > 0 for p in parts):
+      raise GSIError(f"--{flag}: {v!r} is not {size} positive whole numbers joined by x")
+    out.append(tuple(int(p) for p in parts))
+  return tuple(out)
+
+
+def config_from_flags() -> KernelBenchConfig:
+  dry = DRY if _DRY.value else {}
+  pick = lambda name, flag: dry[name] if name in dry and not flag.present else flag.value
+  if not _OUT.value:
+    raise GSIError("--out is required: the JSON this run writes")
+  return KernelBenchConfig(
+      parts=tuple(_PARTS.value), maps=_pairs("maps", pick("maps", _MAPS), 2),
+      k=pick("k", _K), tokens=tuple(cli.numbers("tokens", pick("tokens", _TOKENS), int)),
+      fast_shares=tuple(cli.numbers("fast_share", _SHARES.value, float)),
+      tiles=_pairs("tiles", pick("tiles", _TILES), 3),
+      ceiling_gib=pick("ceiling_gib", _CEILING_GIB), cache_mb=pick("cache_mb", _CACHE_MB),
+      repeats=pick("repeats", _REPEATS), inner=pick("inner", _INNER), out=_OUT.value)
+
+
+def device_platform() -> str:
+  """cuda, rocm, tpu, or cpu (where the kernel runs the cuda plan interpreted)."""
+  device = jax.devices()[0]
+  if device.platform == "gpu":
+    return "rocm" if "rocm" in device.client.platform_version.lower() else "cuda"
+  return device.platform
+
+
+def _median_seconds(fn, repeats: int) -> float:
+  times, _ = alternating_rounds([fn], repeats)
+  return float(np.median([t[0] for t in times]))
+
+
+def ceiling(c: KernelBenchConfig) -> dict:
+  n = int(c.ceiling_gib * 2**30 / 4)
+  x = jnp.ones((n,), jnp.float32) + 0  # on the device, not a broadcast constant
+  total = jax.jit(jnp.sum)
+  copy = jax.jit(lambda a: a + 1)
+  read_s = _median_seconds(lambda: total(x).block_until_ready(), c.repeats)
+  copy_s = _median_seconds(lambda: copy(x).block_until_ready(), c.repeats)
+  reduce_gb_s, copy_gb_s = 4 * n / read_s / 1e9, 2 * 4 * n / copy_s / 1e9
+  logging.info("read ceiling: sum %.0f GB/s, copy %.0f GB/s", reduce_gb_s, copy_gb_s)
+  return {"bytes": 4 * n, "reduce_gb_s": reduce_gb_s, "copy_gb_s": copy_gb_s,
+          "ceiling_gb_s": max(reduce_gb_s, copy_gb_s), "repeats": c.repeats}
+
+
+def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
+  kx, kg, km, kw = jax.random.split(key, 4)
+  x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
+  g = jax.random.normal(kg, (tokens, k), jnp.float32).astype(dtype)
+  M = (jax.random.normal(km, (k, out), jnp.float32) / math.sqrt(k)).astype(dtype)
+  W = (jax.random.normal(kw, (d, out), jnp.float32) / math.sqrt(d)).astype(dtype)
+  return x, g, fast_tokens(tokens, share), M, W
+
+
+def fast_tokens(tokens: int, share: float) -> jax.Array:
+  """round(share · tokens) fast tokens, spread over the call (alternating at 0.5)."""
+  fast = round(share * tokens)
+  return (jnp.arange(tokens) * fast) % tokens < fast if fast < tokens else \
+      jnp.ones((tokens,), bool)
+
+
+def correct(c: KernelBenchConfig) -> list[dict]:
+  rows = []
+  for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
+                                          for dt in (jnp.float32, jnp.bfloat16)
+                                          for t in CORRECT_TOKENS for f in CORRECT_SHARES):
+    x, g, fast, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
+    y = kernel.gated_matmul(x, g, fast, M, W)
+    ref = kernel.gated_matmul_reference(x, g, fast, M, W)
+    error = kernel.relative_error(y, ref)
+    tolerance = kernel.TOLERANCE[jnp.dtype(dtype)]
+    rows.append({"d": d, "out": out, "k": c.k, "dtype": jnp.dtype(dtype).name,
+                 "tokens": tokens, "fast_share": float(jnp.mean(fast)),
+                 "relative_error": error, "tolerance": tolerance, "passed": error <= tolerance})
+  failed = [r for r in rows if not r["passed"]]
+  logging.info("correct: %d of %d cases within tolerance", len(rows) - len(failed), len(rows))
+  return rows
+
+
+def copies_for(c: KernelBenchConfig, d: int, out: int, itemsize: int) -> int:
+  """Distinct (M, W) pairs whose W alone exceed 4x the cache (at least 2)."""
+  return max(2, math.ceil(4 * c.cache_mb * 1e6 / (d * out * itemsize)))
+
+
+def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float, plan=None):
+  """Paired rounds of the kernel's calls and dense x @ W over the same copies."""
+  dtype = jnp.dtype(jnp.bfloat16)
+  copies = copies_for(c, d, out, dtype.itemsize)
+  problems = [_problem(jax.random.key(i), tokens, d, c.k, out, dtype, share)
+              for i in range(copies)]
+  x, g, fast = problems[0][:3]
+  Ms, Ws = [p[3] for p in problems], [p[4] for p in problems]
+  platform = device_platform()
+  if plan is None:
+    call = kernel.gated_matmul
+  else:
+    on = "cuda" if platform == "cpu" else platform
+    call = lambda *a: kernel.gated_matmul_on(on, *a, plan=plan, interpret=platform == "cpu")
+
+  def passes(product):
+    @jax.jit
+    def run(x, g, fast, Ms, Ws):
+      def body(_, acc):
+        for M, W in zip(Ms, Ws):
+          acc = acc + product(x, g, fast, M, W)[0, :8].astype(jnp.float32)
+        return acc
+      return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
+    return lambda: run(x, g, fast, Ms, Ws).block_until_ready()
+
+  gated = passes(call)
+  dense = passes(lambda x, g, fast, M, W: x @ W)
+  times, compile_s = alternating_rounds([dense, gated], c.repeats)
+  calls = c.inner * copies
+  dense_s = np.array([t[0] for t in times]) / calls
+  gated_s = np.array([t[1] for t in times]) / calls
+  lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
+                      tokens, d, c.k, out)
+  kernel_bytes = tiling.weight_elements_read(lay, np.asarray(fast)) * dtype.itemsize
+  dense_bytes = d * out * dtype.itemsize
+  speed = ratio_interval(dense_s, gated_s)
+  return {"d": d, "out": out, "k": c.k, "tokens": tokens, "fast_share": float(jnp.mean(fast)),
+          "dtype": dtype.name, "copies": copies, "calls_per_round": calls,
+          "dense_us": 1e6 * float(np.median(dense_s)),
+          "kernel_us": 1e6 * float(np.median(gated_s)),
+          "dense_gb_s": dense_bytes / float(np.median(dense_s)) / 1e9,
+          "kernel_gb_s": kernel_bytes / float(np.median(gated_s)) / 1e9,
+          "kernel_weight_bytes": kernel_bytes, "dense_weight_bytes": dense_bytes,
+          "byte_ideal_speedup": dense_bytes / kernel_bytes,
+          "speedup": speed, "verdict": verdict(speed),
+          "compile_s": {"dense": compile_s[0], "kernel": compile_s[1]}}
+
+
+def timing(c: KernelBenchConfig) -> list[dict]:
+  rows = []
+  for d, out in c.maps:
+    for tokens in c.tokens:
+      for share in sorted({round(f * tokens) / tokens for f in c.fast_shares}):
+        rows.append(_timed_pair(c, d, out, tokens, share))
+        r = rows[-1]
+        logging.info("d=%d O=%d %d tokens f=%.2f: kernel %.1f us (%.0f GB/s), dense %.1f us,"
+                     " %.2fx [%.2f, %.2f] (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
+                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"], r["speedup"]["ratio"],
+                     r["speedup"]["ratio_low"], r["speedup"]["ratio_high"],
+                     r["byte_ideal_speedup"])
+  return rows
+
+
+def tiles(c: KernelBenchConfig) -> list[dict]:
+  rows = []
+  d, out = c.maps[0]
+  sms = {"cuda": 132, "rocm": 304}.get(device_platform(), 1)
+  for bo, bd, warps in c.tiles:
+    plan = tiling.TilePlan(1, bo, bd, 32, 2 * sms, num_warps=warps, num_stages=1)
+    for share in (0.0, 1.0):
+      row = _timed_pair(c, d, out, 1, share, plan)
+      rows.append({"block_o": bo, "block_d": bd, "num_warps": warps, **row})
+      logging.info("tile %dx%dx%d f=%.0f: %.1f us, %.0f GB/s", bo, bd, warps, share,
+                   row["kernel_us"], row["kernel_gb_s"])
+  return rows
+
+
+def run(c: KernelBenchConfig) -> dict:
+  result = {"platform": device_platform(), "devices": str(jax.devices()),
+            "config": dataclasses.asdict(c)}
+  for part, fn in (("ceiling", ceiling), ("correct", correct), ("timing", timing),
+                   ("tiles", tiles)):
+    if part in c.parts:
+      result[part] = fn(c)
+  return result
+
+
+def main(argv):
+  del argv
+  c = config_from_flags()
+  out = experiment.check_output_path(c.out)
+  experiment.write_json(out, run(c))
+
+
+if __name__ == "__main__":
+  cli.run(main, one_process="times one kernel on one device")
