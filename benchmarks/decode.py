@@ -23,7 +23,7 @@ from absl import flags
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, text
 from gsi_jax import benchmarking
-from gsi_jax.benchmarking import best_time, decode_tokens_per_s, peak_rss_mib
+from gsi_jax.benchmarking import best_time, decode_beside, decode_tokens_per_s, peak_rss_mib
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.models import params as P
@@ -31,7 +31,8 @@ from gsi_jax.models import params as P
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
 _PROMPT = flags.DEFINE_string("prompt", "The Python interpreter reads a program and", "Prompt.")
 _NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per run.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs per contender (best is kept).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed decodes: dense's median, and each GSI "
+                                "point's paired rounds beside dense (PyTorch: best of them).")
 _GSI = flags.DEFINE_list("gsi", [], "GSI operating points k:eps, e.g. 256:0.1,384:0.05.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
 _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
@@ -151,18 +152,20 @@ def main(argv):
     for k, eps in points:
       params = gsi_jax.apply_gsi(model.params, bases, k)
       gate = gsi_jax.make_gate(eps, impl=_IMPL.value, batch1_switch=True)
-      g_tps, g_compile = decode_tokens_per_s(model, params, ids, n, _REPEATS.value, gate)
+      timed = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
+      g_tps = timed["tokens_per_s"]
       _, share = model.generate(params, ids, n, gate, return_stats=True, stop_at_eos=False)
       b = metrics.byte_accounting(params, share)
       result["gsi"].append({
-          "k": k, "eps": eps, "impl": gate.impl, "tokens_per_s": g_tps, "compile_s": g_compile,
+          "k": k, "eps": eps, "impl": gate.impl, **timed,
           "decode_fast_share": metrics.mean_share(share),
           "bytes_per_token": b["bytes_per_token"],
           "bandwidth_utilisation": utilisation(b["bytes_per_token"], g_tps),
           "predicted_speedup_bytes": b["speedup_bytes"],
-          "predicted_speedup_paper": b["speedup_paper"],
-          "measured_speedup": g_tps / tps})
-      logging.info("JAX GSI k=%d eps=%g: %.1f tok/s", k, eps, g_tps)
+          "predicted_speedup_paper": b["speedup_paper"]})
+      logging.info("JAX GSI k=%d eps=%g: %.1f tok/s, %.2fx dense beside it [%.2f, %.2f]", k,
+                   eps, g_tps, timed["measured_speedup"], timed["speedup_low"],
+                   timed["speedup_high"])
   if _TORCH.value:
     t_tps, t_load = torch_decode(model.source, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,

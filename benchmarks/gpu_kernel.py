@@ -35,7 +35,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import alternating_rounds, ratio_interval, verdict
+from gsi_jax.benchmarking import alternating_rounds, interval_fields, timed_pair
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel, tiling
 
@@ -210,27 +210,21 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
       return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
     return lambda: run(x, g, fast, Ms, Ws).block_until_ready()
 
-  gated = passes(call)
-  dense = passes(lambda x, g, fast, M, W: x @ W)
-  times, compile_s = alternating_rounds([dense, gated], c.repeats)
+  pair = timed_pair(passes(lambda x, g, fast, M, W: x @ W), passes(call), c.repeats)
   calls = c.inner * copies
-  dense_s = np.array([t[0] for t in times]) / calls
-  gated_s = np.array([t[1] for t in times]) / calls
+  dense_s, gated_s = pair["base_s"] / calls, pair["other_s"] / calls
   lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
                       tokens, d, c.k, out)
   kernel_bytes = tiling.weight_elements_read(lay, np.asarray(fast)) * dtype.itemsize
   dense_bytes = d * out * dtype.itemsize
-  speed = ratio_interval(dense_s, gated_s)
   return {"d": d, "out": out, "k": c.k, "tokens": tokens, "fast_share": float(jnp.mean(fast)),
           "dtype": dtype.name, "copies": copies, "calls_per_round": calls,
-          "dense_us": 1e6 * float(np.median(dense_s)),
-          "kernel_us": 1e6 * float(np.median(gated_s)),
-          "dense_gb_s": dense_bytes / float(np.median(dense_s)) / 1e9,
-          "kernel_gb_s": kernel_bytes / float(np.median(gated_s)) / 1e9,
+          "dense_us": 1e6 * dense_s, "kernel_us": 1e6 * gated_s,
+          "dense_gb_s": dense_bytes / dense_s / 1e9, "kernel_gb_s": kernel_bytes / gated_s / 1e9,
           "kernel_weight_bytes": kernel_bytes, "dense_weight_bytes": dense_bytes,
-          "byte_ideal_speedup": dense_bytes / kernel_bytes,
-          "speedup": speed, "verdict": verdict(speed),
-          "compile_s": {"dense": compile_s[0], "kernel": compile_s[1]}}
+          "byte_ideal_speedup": dense_bytes / kernel_bytes, "speedup": pair["ratio"],
+          **interval_fields(pair), "compile_s": {"dense": pair["base_compile_s"],
+                                                 "kernel": pair["other_compile_s"]}}
 
 
 def timing(c: KernelBenchConfig) -> list[dict]:
@@ -242,8 +236,8 @@ def timing(c: KernelBenchConfig) -> list[dict]:
         r = rows[-1]
         logging.info("d=%d O=%d %d tokens f=%.2f: kernel %.1f us (%.0f GB/s), dense %.1f us,"
                      " %.2fx [%.2f, %.2f] (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
-                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"], r["speedup"]["ratio"],
-                     r["speedup"]["ratio_low"], r["speedup"]["ratio_high"],
+                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"], r["speedup"],
+                     r["speedup_low"], r["speedup_high"],
                      r["byte_ideal_speedup"])
   return rows
 

@@ -75,8 +75,7 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
     for r in timed.get(part, []):
       row = {key: r[key] for key in keys}
       row.update({key: r[key] for key in ("block_o", "block_d", "num_warps") if key in r})
-      row.update(speedup=r["speedup"]["ratio"], speedup_low=r["speedup"]["ratio_low"],
-                 speedup_high=r["speedup"]["ratio_high"], rounds=r["speedup"]["rounds"],
+      row.update({key: r[key] for key in ("speedup", "speedup_low", "speedup_high", "rounds")},
                  kernel_of_ceiling=_share(r["kernel_gb_s"], ceiling),
                  dense_of_ceiling=_share(r["dense_gb_s"], ceiling))
       rows.append(row)

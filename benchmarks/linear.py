@@ -9,6 +9,8 @@ finds them in cache.  The benchmark cycles through --copies distinct triples
 cache, and always at least 2), token t using copy t mod copies, in a jitted
 scan; dense cycles through the same W copies in the same process.  Tokens are
 drawn so that a chosen share lies in span(V_k) (fast) and the rest does not.
+Dense and GSI scans alternate in --repeats paired rounds: measured_speedup is the
+median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.benchmarking`).
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
@@ -21,7 +23,8 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import best_ms, last_level_cache_bytes, scan_over_copies
+from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, scan_over_copies,
+                                  timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.metrics.bytes import gated_map_elements
 from gsi_jax.ops import GatedWeights, gated_linear, make_gate
@@ -31,7 +34,8 @@ _D_OUT = flags.DEFINE_list("d_out", ["4096", "12288", "16384"], "Output widths."
 _K = flags.DEFINE_list("k", ["128", "256", "512"], "Ranks.")
 _F = flags.DEFINE_list("fast_share", ["0", "0.5", "0.9", "1.0"], "Forced fast-path shares.")
 _TOKENS = flags.DEFINE_integer("tokens", 128, "Tokens decoded per timed scan.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed scans (best kept).")
+_REPEATS = flags.DEFINE_integer("repeats", 15, "Paired rounds (a dense scan and a GSI scan "
+                                "each): the median ratio and its 95% interval.")
 _COPIES = flags.DEFINE_integer("copies", 0, "Distinct (V, M, W) triples cycled (0: from the "
                                "last-level cache size).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and activations.")
@@ -105,28 +109,28 @@ def main(argv):
           Vs.append(V_np)
           Ms.append((V.T @ W).astype(dtype))
         triples = [(jnp.asarray(V, dtype), M, W) for V, M, W in zip(Vs, Ms, Ws)]
-        x_any = jnp.asarray(rng.normal(size=(n, C, d)), dtype)
-        dense_ms, dense_compile = best_ms(lambda: dense_scan(x_any, Ws), _REPEATS.value)
-        dense_ms /= n * C
         scan = gsi_scan(_IMPL.value)
         for target in shares:
           x_np, f = tokens(rng, Vs, n, target)  # f: the share the scan really sees
           x = jnp.asarray(x_np, dtype)
-          gsi_ms, gsi_compile = best_ms(lambda: scan(x, triples), _REPEATS.value)
-          gsi_ms /= n * C
+          pair = timed_pair(lambda: dense_scan(x, Ws).block_until_ready(),
+                            lambda: scan(x, triples).block_until_ready(), _REPEATS.value)
+          dense_ms, gsi_ms = (1e3 * pair[key] / (n * C) for key in ("base_s", "other_s"))
           dense_bytes = d * d_out * dtype.itemsize
           gsi_bytes = gated_map_elements(d, d_out, k, f * k, f) * dtype.itemsize
           ideal = dense_bytes / gsi_bytes
           rec = {"d": d, "d_out": d_out, "k": k, "fast_share": f, "dtype": _DTYPE.value,
                  "impl": _IMPL.value, "copies": C, "tokens": n * C,
                  "dense_ms": dense_ms, "gsi_ms": gsi_ms,
-                 "measured_speedup": dense_ms / gsi_ms, "ideal_speedup": ideal,
-                 "of_ideal": dense_ms / gsi_ms / ideal,
+                 "measured_speedup": pair["ratio"], **interval_fields(pair),
+                 "ideal_speedup": ideal, "of_ideal": pair["ratio"] / ideal,
                  "dense_gb_s": dense_bytes / dense_ms / 1e6, "gsi_gb_s": gsi_bytes / gsi_ms / 1e6,
-                 "dense_compile_ms": dense_compile, "gsi_compile_ms": gsi_compile}
+                 "dense_compile_ms": 1e3 * pair["base_compile_s"],
+                 "gsi_compile_ms": 1e3 * pair["other_compile_s"]}
           records.append(rec)
-          logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %.2fx (ideal %.2fx)",
-                       d, d_out, k, f, dense_ms, gsi_ms, rec["measured_speedup"], ideal)
+          logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %.2fx [%.2f, %.2f] "
+                       "(ideal %.2fx)", d, d_out, k, f, dense_ms, gsi_ms, pair["ratio"],
+                       pair["ratio_low"], pair["ratio_high"], ideal)
   experiment.write_json(out, {"config": {"repeats": _REPEATS.value, "eps": EPS,
                                          "last_level_cache_bytes": llc,
                                          "devices": str(jax.devices())}, "records": records})

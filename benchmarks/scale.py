@@ -40,7 +40,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, distributed, experiment, metrics, sharding
-from gsi_jax.benchmarking import PeakMemory, decode_tokens_per_s
+from gsi_jax.benchmarking import PeakMemory, decode_beside, decode_tokens_per_s
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import solvers
 from gsi_jax.gsi.calibration import METHODS, gram_matrices
@@ -72,7 +72,8 @@ _PEAK_GB_S = flags.DEFINE_float("peak_bandwidth_gb_s", 0.0, "The device's read b
                                 "given, each decode reports its share of it.")
 _DECODE_K = flags.DEFINE_integer("decode_k", 256, "k of the decode model's GSI.")
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 16, "Tokens per timed decode.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed decodes per contender (best kept).")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed decodes: dense's median, and each point's "
+                                "paired rounds beside dense.")
 _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
 _OUT = flags.DEFINE_string("out", None, "JSON output (default results/benchmarks/scale-SHAPE.json).")
 
@@ -262,18 +263,20 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
          "dense_bandwidth_gb_s": dense_tps * dense_bytes / 1e9, "points": []}
   for name, eps in (("static", math.inf), ("gated_median_rho", median_rho), ("gated_all_slow", 0.0)):
     gate = gsi_jax.make_gate(eps, impl=cfg.impl, batch1_switch=True)
-    tps, compile_s = decode_tokens_per_s(model, params, prompt, cfg.new_tokens, cfg.repeats, gate)
+    timed = decode_beside(model, prompt, cfg.new_tokens, cfg.repeats, params, gate,
+                          model.params)
+    tps = timed["tokens_per_s"]
     _, share = model.generate(params, prompt, cfg.new_tokens, gate, return_stats=True,
                               stop_at_eos=False)
     b = metrics.byte_accounting(params, share)
     out["points"].append({
-        "name": name, "eps": eps, "impl": gate.impl, "tokens_per_s": tps, "compile_s": compile_s,
+        "name": name, "eps": eps, "impl": gate.impl, **timed,
         "fast_share": metrics.mean_share(share), "byte_ideal_speedup": b["speedup_bytes"],
-        "measured_speedup": tps / dense_tps,
         "bandwidth_gb_s": tps * b["bytes_per_token"] / 1e9,
         "bandwidth_share": share_of_peak(tps * b["bytes_per_token"] / 1e9)})
-    logging.info("decode %s: %.2f tok/s (dense %.2f), byte ideal x%.2f", name, tps, dense_tps,
-                 b["speedup_bytes"])
+    logging.info("decode %s: %.2f tok/s (dense beside it %.2f), %.2fx [%.2f, %.2f], byte "
+                 "ideal x%.2f", name, tps, timed["dense_tokens_per_s"], timed["measured_speedup"],
+                 timed["speedup_low"], timed["speedup_high"], b["speedup_bytes"])
   static = out["points"][0]
   out.update(static_tokens_per_s=static["tokens_per_s"],
              byte_ideal_speedup=static["byte_ideal_speedup"],

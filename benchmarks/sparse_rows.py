@@ -15,7 +15,8 @@ y = Σ_{i kept} x_i W_i, one token at a time, for ways of reading only the kept 
            each kept row streamed once, in place;
   dots     the other product of that kernel, `kept_dots`: y_i = W_i · x' for kept i (CATS'
            up projection, W_up stored transposed), with x' the token tiled to O.
-Dense x @ W runs in the same process on the same copies.  Weights are cache-cold: the
+Dense x @ W runs in the same process on the same copies, alternating with each variant in
+--repeats paired rounds (the median ratio and its 95% interval).  Weights are cache-cold: the
 scan cycles through enough distinct copies of W to exceed --cache_multiple × the
 last-level cache, or --copies.  Byte ideal: d / rows read (kept rows, or kept blocks'
 rows); `of_ideal` = measured speedup / ideal.
@@ -31,7 +32,8 @@ from absl import flags
 from jax import lax
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import best_ms, last_level_cache_bytes, scan_over_copies
+from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, scan_over_copies,
+                                  timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import cpu_kernels
 from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
@@ -44,7 +46,8 @@ _VARIANTS = flags.DEFINE_list("variants", ["masked", "gather", "reduce", "blocks
                               "Ways of reading the kept rows.")
 _BLOCK = flags.DEFINE_integer("block", 32, "Rows per block of the blocks variant.")
 _TOKENS = flags.DEFINE_integer("tokens", 256, "Tokens per timed scan.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed scans (best kept).")
+_REPEATS = flags.DEFINE_integer("repeats", 15, "Paired rounds (a dense scan and a variant's "
+                                "each): the median ratio and its 95% interval.")
 _COPIES = flags.DEFINE_integer("copies", 0, "Distinct copies of W cycled (0: from the cache).")
 _CACHE_MULTIPLE = flags.DEFINE_float("cache_multiple", 4.0,
                                      "With --copies 0: the copies' bytes over the last-level cache.")
@@ -147,8 +150,6 @@ def main(argv):
     logging.info("%dx%d: %d copies (%.0f MB)", d, o, C, C * 4 * d * o / 1e6)
     dense = jax.jit(lambda x_NCD, Ws: scan_over_copies(lambda x, W: x @ W, x_NCD,
                                                        [(W,) for W in Ws]))
-    dense_ms, dense_compile = best_ms(lambda: dense(x, Ws), _REPEATS.value)
-    dense_ms /= n * C
     for name in _VARIANTS.value:
       step = variant_step(name, block)
       run = jax.jit(lambda x_NCD, keep_NCD, Ws, step=step: scan_over_copies(
@@ -157,20 +158,22 @@ def main(argv):
       for kept in kept_shares:
         keep = masks(rng, n, C, d, kept, block, name == "blocks")
         rows = float(keep.mean())
-        ms, compile_ms = best_ms(lambda: run(x, jnp.asarray(keep, jnp.float32), Ws),
-                                 _REPEATS.value)
-        ms /= n * C
+        keep = jnp.asarray(keep, jnp.float32)
+        pair = timed_pair(lambda: dense(x, Ws).block_until_ready(),
+                          lambda: run(x, keep, Ws).block_until_ready(), _REPEATS.value)
+        dense_ms, ms = (1e3 * pair[key] / (n * C) for key in ("base_s", "other_s"))
         ideal = 1.0 if name == "masked" else 1 / rows
         rec = {"d": d, "d_out": o, "variant": name, "kept": kept, "rows_read": rows,
                "block": block if name == "blocks" else 1, "copies": C, "tokens": n * C,
-               "dense_ms": dense_ms, "ms": ms, "measured_speedup": dense_ms / ms,
-               "ideal_speedup": ideal, "of_ideal": dense_ms / ms / ideal,
-               "dense_gb_s": 4 * d * o / dense_ms / 1e6,
-               "dense_compile_ms": dense_compile, "compile_ms": compile_ms}
+               "dense_ms": dense_ms, "ms": ms, "measured_speedup": pair["ratio"],
+               **interval_fields(pair), "ideal_speedup": ideal,
+               "of_ideal": pair["ratio"] / ideal, "dense_gb_s": 4 * d * o / dense_ms / 1e6,
+               "dense_compile_ms": 1e3 * pair["base_compile_s"],
+               "compile_ms": 1e3 * pair["other_compile_s"]}
         records.append(rec)
-        logging.info("%dx%d %s kept %.2f: %.4f ms (dense %.4f), %.2fx of ideal %.2fx (%.2f)",
-                     d, o, name, kept, ms, dense_ms, rec["measured_speedup"], ideal,
-                     rec["of_ideal"])
+        logging.info("%dx%d %s kept %.2f: %.4f ms (dense %.4f), %.2fx [%.2f, %.2f] of ideal "
+                     "%.2fx", d, o, name, kept, ms, dense_ms, pair["ratio"], pair["ratio_low"],
+                     pair["ratio_high"], ideal)
   experiment.write_json(out, {"config": {"repeats": _REPEATS.value, "block": block,
                                          "last_level_cache_bytes": llc,
                                          "devices": str(jax.devices())}, "records": records})

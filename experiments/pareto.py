@@ -8,7 +8,8 @@ A method's knobs are flags (--sparsity, --residual_k, ...: `--helpfull` lists th
 knob given for a method this run does not evaluate is refused, naming its methods.  Each
 point is scored on the held-out text, its greedy generations compared with dense, its
 weight bytes per token counted (LM head and embeddings included), and its batch-1 decode
-timed in alternation with dense decode (measured_speedup).  With --learned the learned
+timed in paired rounds with dense decode (measured_speedup: the median of the per-round
+ratios; speedup_low and speedup_high: its bootstrap 95% interval).  With --learned the learned
 allocations run beside their uniform methods; they and the searched one keep the
 uniform allocation where they score worse on calibration text (fallback).
 """
@@ -33,13 +34,15 @@ from gsi_jax.models import params as P
 cli.define_experiment_flags()
 cli.define_knob_flags(methods.knobs())
 flags.DEFINE_list("methods", [], "Methods to run (empty: every registered method).")
-flags.DEFINE_integer("speed_repeats", 3, "Timed decodes per record, the best kept (0: skip "
-                     "timing); each decodes --max_new_tokens from the first prompt.")
+flags.DEFINE_integer("speed_repeats", 3, "Paired rounds per record, each decoding "
+                     "--max_new_tokens from the first prompt with the method and with dense "
+                     "(0: skip timing).")
 flags.DEFINE_bool("learned", False, "Also learn per-site budgets with optax.")
 FLAGS = flags.FLAGS
 OUT = "results/pareto.json"
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
-           "generations_identical", "tokens_per_s", "dense_tokens_per_s", "measured_speedup"]
+           "generations_identical", "tokens_per_s", "dense_tokens_per_s", "measured_speedup",
+           "speedup_low", "speedup_high"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,6 +51,25 @@ def ratio_interval(base_s, other_s, confidence: float = 0.95, resamples: int = 2
           "base_spread": float(base.max() / base.min())}
 
 
+def timed_pair(base, other, rounds: int) -> dict:
+  """base and other (callables that return once their work is done) in paired rounds:
+  each one's median seconds and compile seconds, and other's speed over base with its
+  interval (`ratio_interval`)."""
+  times, (base_compile, other_compile) = alternating_rounds([base, other], rounds)
+  base_s, other_s = (np.array(t) for t in zip(*times))
+  return {"base_s": float(np.median(base_s)), "other_s": float(np.median(other_s)),
+          "base_compile_s": base_compile, "other_compile_s": other_compile,
+          **ratio_interval(base_s, other_s)}
+
+
+def interval_fields(pair: dict, prefix: str = "speedup") -> dict:
+  """A record's fields for a timed pair's ratio: the median, its interval, the rounds and
+  the base's spread."""
+  return {f"{prefix}_low": pair["ratio_low"], f"{prefix}_high": pair["ratio_high"],
+          "rounds": pair["rounds"], "dense_spread": pair["base_spread"],
+          "verdict": verdict(pair)}
+
+
 def verdict(interval: dict) -> str:
   """"faster", "slower", or "within noise" where the interval holds 1.0."""
   if interval["ratio_low"] > 1:
@@ -64,21 +83,28 @@ def best_time(fn, repeats: int) -> float:
   return min(_seconds(fn) for _ in range(repeats))
 
 
-def decode_tokens_per_s(model, params, ids, n: int, repeats: int, gate=None):
-  """Tokens/s over exactly n new tokens (no stop at end-of-sequence), and compile time."""
-  return paired_tokens_per_s(model, ids, n, repeats, [(params, gate)])[0]
-
-
-def paired_tokens_per_s(model, ids, n: int, repeats: int, runs):
-  """(tokens/s, compile s) of each (params, gate) in runs, each compiled first and then
-  timed in alternation, best of `repeats` rounds that decode each once: a drift in the
-  machine's speed reaches every run of a round alike (dense beside a method, say)."""
+def _decode(model, params, ids, n: int, gate):
   if int(n) < 1:
     raise GSIError(f"new tokens must be >= 1, got {n}")
-  decodes = [lambda p=p, g=g: jax.block_until_ready(
-      model.generate(p, ids, n, g, stop_at_eos=False)) for p, g in runs]
-  rounds, compile_s = alternating_rounds(decodes, repeats)
-  return [(n / min(times), c) for times, c in zip(zip(*rounds), compile_s)]
+  return lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
+
+
+def decode_tokens_per_s(model, params, ids, n: int, repeats: int, gate=None):
+  """Tokens/s over exactly n new tokens (no stop at end-of-sequence), the median of
+  `repeats` decodes after one that compiles, and the compile time."""
+  times, (compile_s,) = alternating_rounds([_decode(model, params, ids, n, gate)], repeats)
+  return n / float(np.median([t for t, in times])), compile_s
+
+
+def decode_beside(model, ids, n: int, rounds: int, params, gate, base_params, base_gate=None):
+  """params' greedy decode of n tokens beside the base's (dense, say) in paired rounds:
+  the median tokens/s of each, params' compile time, and its speed over the base (the
+  median of the per-round ratios) with a 95% interval (`interval_fields`)."""
+  pair = timed_pair(_decode(model, base_params, ids, n, base_gate),
+                    _decode(model, params, ids, n, gate), rounds)
+  return {"tokens_per_s": n / pair["other_s"], "dense_tokens_per_s": n / pair["base_s"],
+          "measured_speedup": pair["ratio"], **interval_fields(pair),
+          "compile_s": pair["other_compile_s"]}
 
 
 def _seconds(fn) -> float:
@@ -107,18 +133,6 @@ def scan_over_copies(step, x_NCD, copies):
   def body(carry, x_CD):
     return carry, jnp.stack([step(x_CD[c], *copy) for c, copy in enumerate(copies)])
   return jax.lax.scan(body, None, x_NCD)[1]
-
-
-def best_ms(fn, repeats):
-  t0 = time.perf_counter()
-  jax.block_until_ready(fn())
-  compile_ms = 1e3 * (time.perf_counter() - t0)
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return 1e3 * min(times), compile_ms
 
 
 def peak_rss_mib() -> float:

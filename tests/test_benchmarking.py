@@ -1,10 +1,18 @@
-"""How benchmarks time decodes: compile apart, then rounds that alternate the runs."""
+"""How benchmarks time: compile apart, then paired rounds that alternate the runs, and the
+median of their ratios with a bootstrap interval."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import pytest
 
 from gsi_jax import benchmarking
 from gsi_jax.errors import GSIError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class Recorder:
@@ -18,13 +26,15 @@ class Recorder:
     return jnp.zeros((1, n), jnp.int32)
 
 
-def test_paired_runs_compile_first_then_alternate_each_round():
+def test_decode_beside_compiles_each_first_then_alternates_each_round():
   model = Recorder()
-  timed = benchmarking.paired_tokens_per_s(model, None, 7, 3, [("method", "gate"), ("dense", None)])
+  timed = benchmarking.decode_beside(model, None, 7, 3, "method", "gate", "dense")
   order = [params for params, *_ in model.calls]
-  assert order == ["method", "dense"] * 4  # one compile each, then 3 rounds
+  assert order == ["dense", "method"] * 4  # one compile each, then 3 rounds
   assert all(c[1:] == (("gate" if c[0] == "method" else None), 7, False) for c in model.calls)
-  assert len(timed) == 2 and all(tps > 0 and compile_s >= 0 for tps, compile_s in timed)
+  assert timed["tokens_per_s"] > 0 and timed["dense_tokens_per_s"] > 0
+  assert timed["speedup_low"] <= timed["measured_speedup"] <= timed["speedup_high"]
+  assert timed["rounds"] == 3 and timed["compile_s"] >= 0 and timed["dense_spread"] >= 1
 
 
 def test_one_run_decodes_once_to_compile_and_repeats_times():
@@ -37,7 +47,7 @@ def test_one_run_decodes_once_to_compile_and_repeats_times():
 def test_bad_counts_are_refused_before_any_decode(n, repeats, message):
   model = Recorder()
   with pytest.raises(GSIError, match=message):
-    benchmarking.paired_tokens_per_s(model, None, n, repeats, [("dense", None)])
+    benchmarking.decode_beside(model, None, n, repeats, "method", None, "dense")
   assert not model.calls
 
 
@@ -70,3 +80,25 @@ def test_ratio_interval_refuses_unpaired_rounds():
     benchmarking.ratio_interval([1.0, 2.0], [1.0])
   with pytest.raises(GSIError, match="two equal non-empty lists"):
     benchmarking.ratio_interval([], [])
+
+
+@pytest.mark.parametrize("script, args, count", [
+    ("linear.py", ["--d=64", "--d_out=96", "--k=16", "--fast_share=0,1", "--tokens=8",
+                   "--copies=2", "--repeats=5"], 2),
+    ("sparse_rows.py", ["--shapes=64x96", "--kept=0.5,1", "--variants=masked,gather",
+                        "--tokens=8", "--copies=2", "--repeats=5"], 4),
+])
+def test_benchmarks_time_in_paired_rounds_with_an_interval(tmp_path, script, args, count):
+  """Every timed record: the median ratio inside its 95% interval, the rounds, dense's spread."""
+  out = tmp_path / "out.json"
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args,
+                         f"--out={out}"], capture_output=True, text=True, cwd=ROOT,
+                        timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  records = json.loads(out.read_text())["records"]
+  assert len(records) == count
+  for r in records:
+    assert r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
+    assert r["rounds"] == 5 and r["dense_spread"] >= 1
+    assert r["verdict"] in ("faster", "slower", "within noise")
+    assert r["of_ideal"] == pytest.approx(r["measured_speedup"] / r["ideal_speedup"])

@@ -138,7 +138,9 @@ def check_pareto(records):
   for r in records:
     assert r["bytes_per_token"] > 0 and share(r["top1_agreement"]) and share(r["fast_share"])
     assert r["tokens_per_s"] > 0 and r["dense_tokens_per_s"] > 0  # dense timed beside it
+    # One paired round: its ratio is the median, and the interval is that one ratio.
     assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
+    assert r["speedup_low"] == r["measured_speedup"] == r["speedup_high"] and r["rounds"] == 1
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
     if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned",

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from gsi_jax import distributed, metrics, sharding
-from gsi_jax.benchmarking import decode_tokens_per_s, paired_tokens_per_s
+from gsi_jax.benchmarking import decode_beside, decode_tokens_per_s
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.ops import make_gate
 
@@ -71,16 +71,14 @@ class Evaluator:
     return decode_tokens_per_s(self.model, self.placed(params), self._timed_ids(),
                                self.s.config.max_new_tokens, self.speed_repeats, gate)
 
-  def beside_dense(self, params, gate):
-    """((tokens/s, compile s) of params, dense tokens/s), dense timed in alternation with
-    it (a drift of the machine's speed over the run then cancels in their ratio); None
-    without timing."""
+  def beside_dense(self, params, gate) -> dict:
+    """params' decode timed in paired rounds with dense decode (a drift of the machine's
+    speed then cancels in their per-round ratios): `benchmarking.decode_beside`'s
+    fields; {} without timing."""
     if not self.speed_repeats:
-      return None
-    (tps, compile_s), (dense_tps, _) = paired_tokens_per_s(
-        self.model, self._timed_ids(), self.s.config.max_new_tokens, self.speed_repeats,
-        [(self.placed(params), gate), (self.model.params, None)])
-    return tps, compile_s, dense_tps
+      return {}
+    return decode_beside(self.model, self._timed_ids(), self.s.config.max_new_tokens,
+                         self.speed_repeats, self.placed(params), gate, self.model.params)
 
   def calib_nll(self, params, gate, windows: int = 8) -> float:
     """Mean next-token NLL on the first calibration windows (where budgets are set)."""
@@ -107,15 +105,14 @@ class Evaluator:
            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
            "head_fast_share": scores["head_fast_share"],
            "generations_identical": int(same), "prompts": len(self.dense_gen)}
-    if timed is not None:
-      tps, compile_s, dense_tps = timed
-      rec.update(tokens_per_s=tps, dense_tokens_per_s=dense_tps,
-                 measured_speedup=tps / dense_tps, compile_s=compile_s)
+    rec.update(timed)
     if shares:
       rec.update(fast_share_by_layer=scores["fast_share_by_layer"],
                  kept_share_by_layer=scores["kept_share_by_layer"])
     rec.update(extra)
     logging.info("%s %s: bytes %.3f, ppl ratio %.4f%s", method, knob, rec["bytes_fraction"],
-                 q["ppl_ratio"], "" if timed is None else
-                 f", {timed[0]:.1f} tokens/s (dense beside it {timed[2]:.1f})")
+                 q["ppl_ratio"], "" if not timed else
+                 f", {timed['tokens_per_s']:.1f} tokens/s (dense beside it "
+                 f"{timed['dense_tokens_per_s']:.1f}), {timed['measured_speedup']:.2f}x "
+                 f"[{timed['speedup_low']:.2f}, {timed['speedup_high']:.2f}]")
     return rec

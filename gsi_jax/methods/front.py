@@ -10,8 +10,9 @@ import numpy as np
 
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
-BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "ppl_ratio",
-                "bytes_fraction", "tokens_per_s", "dense_tokens_per_s"]
+BEST_COLUMNS = ["ppl_ratio_limit", "method", "knob", "measured_speedup", "speedup_low",
+                "speedup_high", "ppl_ratio", "bytes_fraction", "tokens_per_s",
+                "dense_tokens_per_s"]
 
 
 def frontier_at(records, budget, key):
