@@ -8,8 +8,10 @@ Same prompt and length for every contender, in one run.  JAX timings follow
 a compile-and-warm-up call, reported separately as compile_s.  Every JAX path
 reports its weight bytes per token and the bandwidth they imply as a share of
 --peak_bandwidth_gb_s.  --profile also splits dense decode's time between
-matrix products and everything else (per-op tracing is on for the whole
-run, so its timings carry the tracing's overhead).
+matrix products, custom calls and everything else, with the op kinds that
+take most (per-op tracing is on for the whole run, so its timings carry the
+tracing's overhead); --kept_all adds sparsity with every row kept, timed
+beside dense and profiled the same way.
 """
 
 import importlib.util
@@ -21,7 +23,7 @@ import jax
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, experiment, metrics, text
+from gsi_jax import cli, experiment, metrics, peers, text
 from gsi_jax import benchmarking
 from gsi_jax.benchmarking import best_time, decode_beside, decode_tokens_per_s, peak_rss_mib
 from gsi_jax.errors import GSIError
@@ -34,6 +36,9 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per run.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed decodes: dense's median, and each GSI "
                                 "point's paired rounds beside dense (PyTorch: best of them).")
 _GSI = flags.DEFINE_list("gsi", [], "GSI operating points k:eps, e.g. 256:0.1,384:0.05.")
+_KEPT_ALL = flags.DEFINE_bool("kept_all", False, "Also decode magnitude sparsity with every "
+                              "row kept (the kept-rows fast path at dense's bytes) beside dense, "
+                              "and with --profile trace it too.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
 _IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
@@ -166,6 +171,16 @@ def main(argv):
       logging.info("JAX GSI k=%d eps=%g: %.1f tok/s, %.2fx dense beside it [%.2f, %.2f]", k,
                    eps, g_tps, timed["measured_speedup"], timed["speedup_low"],
                    timed["speedup_high"])
+  if _KEPT_ALL.value:
+    params = peers.apply_sparsity(model.params, P.per_site(model.params, 0.0))
+    gate = gsi_jax.make_gate(0.0, batch1_switch=True)
+    result["kept_all"] = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
+    logging.info("every row kept: %.2fx dense beside it [%.2f, %.2f]",
+                 result["kept_all"]["measured_speedup"], result["kept_all"]["speedup_low"],
+                 result["kept_all"]["speedup_high"])
+    if _PROFILE.value:
+      result["kept_all"]["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
+      logging.info("every row kept, profile: %s", result["kept_all"]["profile"])
   if _TORCH.value:
     t_tps, t_load = torch_decode(model.source, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,

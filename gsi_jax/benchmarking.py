@@ -184,10 +184,12 @@ class PeakMemory:
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"  # per-op events on CPU; set before jax starts
 
 
-def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = None) -> dict:
+def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = None,
+                   top: int = 12) -> dict:
   """Where a decode's time goes, from a jax.profiler trace of one warm greedy decode of n
-  tokens: milliseconds per token in matrix products (XLA ops whose name holds "dot")
-  and in everything else, and the ops run per token.
+  tokens: milliseconds per token in matrix products (XLA ops whose name holds "dot"),
+  in custom calls (the CPU kernels) and in everything else, the ops run per token, and
+  the `top` op kinds by time (an op's name without its numeric suffix).
 
   On CPU, per-op events need XLA_FLAGS to hold TRACE_FLAG before jax starts; without
   them the counts are empty and the result says so.
@@ -201,17 +203,25 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
   wall = time.perf_counter() - t0
   files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
   events = json.load(gzip.open(files[-1]))["traceEvents"] if files else []
-  dot = other = ops = 0
+  by_kind: dict[str, list[float]] = {}
   for e in events:
     name = e.get("name", "")
     if e.get("ph") != "X" or name.startswith(("$", "end:", "while", "conditional", "call")) \
         or any(mark in name for mark in ("Thunk", "::", "(", " ")):
       continue  # Python frames, executor bookkeeping, host calls, control-flow containers
-    ops += 1
-    if "dot" in name:
-      dot += e.get("dur", 0)
-    else:
-      other += e.get("dur", 0)
-  return {"wall_ms_per_token": 1e3 * wall / n, "dot_ms_per_token": dot / 1e3 / n,
-          "other_ms_per_token": other / 1e3 / n, "ops_per_token": ops / n,
-          "per_op_events": bool(ops)}
+    kind = name.rstrip("0123456789").rstrip(".")
+    entry = by_kind.setdefault(kind, [0.0, 0])
+    entry[0] += e.get("dur", 0)
+    entry[1] += 1
+  per_token = lambda us: us / 1e3 / n
+  part = lambda test: per_token(sum(t for k, (t, _) in by_kind.items() if test(k)))
+  custom = lambda k: "custom" in k
+  ranked = sorted(by_kind.items(), key=lambda item: -item[1][0])[:top]
+  ops = sum(c for _, c in by_kind.values())
+  return {"wall_ms_per_token": 1e3 * wall / n,
+          "dot_ms_per_token": part(lambda k: "dot" in k and not custom(k)),
+          "custom_call_ms_per_token": part(custom),
+          "other_ms_per_token": part(lambda k: "dot" not in k and not custom(k)),
+          "ops_per_token": ops / n, "per_op_events": bool(ops),
+          "top_ops": [{"op": k, "ms_per_token": per_token(t), "per_token": c / n}
+                      for k, (t, c) in ranked]}

@@ -333,6 +333,25 @@ def test_decode_benchmark_checks_the_model_before_timing(tiny_folder, tmp_path, 
   assert "JAX dense" not in proc.stderr and not out.exists()
 
 
+def test_decode_benchmark_times_points_beside_dense_and_profiles_them(tiny_folder, tmp_path):
+  folder, _ = tiny_folder("llama_gqa")
+  out = tmp_path / "decode.json"
+  proc = run_decode_benchmark([f"--model={folder}", "--prompt=abc", "--max_new_tokens=4",
+                               "--repeats=3", "--gsi=8:0.1", "--kept_all", "--profile",
+                               f"--bases_dir={tmp_path / 'bases'}", f"--out={out}"])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(out.read_text())
+  for point in (r["gsi"][0], r["kept_all"]):
+    assert point["speedup_low"] <= point["measured_speedup"] <= point["speedup_high"]
+    assert point["rounds"] == 3 and point["tokens_per_s"] > 0 and point["dense_tokens_per_s"] > 0
+  for profile in (r["dense_profile"], r["kept_all"]["profile"]):
+    assert profile["per_op_events"] and profile["ops_per_token"] > 0
+    ranked = [op["ms_per_token"] for op in profile["top_ops"]]
+    assert ranked == sorted(ranked, reverse=True) and len(ranked) <= 12
+    assert sum(ranked) <= (profile["dot_ms_per_token"] + profile["custom_call_ms_per_token"]
+                           + profile["other_ms_per_token"]) * (1 + 1e-9)
+
+
 def test_help_exits_0():
   proc = run_script(["--help"])
   assert proc.returncode == 0 and "--eval_tokens" in proc.stdout
