@@ -223,8 +223,9 @@ def _triton_stage(ttir: str, target, options: dict) -> str:
   return str(stages["ttir"](module, {}))
 
 
-def compile_binary(call: TritonCall, arch: str) -> Binary:
-  """Compile one kernel call's Triton IR for "sm_90" (H100/H200) or "gfx942" (MI300X)."""
+def compile_call(call: TritonCall, arch: str):
+  """One kernel call's Triton IR compiled for "sm_90" (H100/H200) or "gfx942" (MI300X):
+  Triton's compiled kernel (`.asm` holds the PTX, cubin or AMDGCN)."""
   os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud
   import triton
   from triton.backends.compiler import GPUTarget
@@ -239,7 +240,14 @@ def compile_binary(call: TritonCall, arch: str) -> Binary:
     path = os.path.join(tmp, f"{call.name}.ttir")
     with open(path, "w") as f:
       f.write(_triton_stage(call.ttir, target, options))
-    compiled = triton.compile(path, target=target, options=options)
+    return triton.compile(path, target=target, options=options)
+
+
+def compile_binary(call: TritonCall, arch: str) -> Binary:
+  """Compile one kernel call for "sm_90" or "gfx942", and read its binary's resources."""
+  import triton
+  compiled = compile_call(call, arch)
+  with tempfile.TemporaryDirectory() as tmp:
     if arch == "sm_90":
       cubin = os.path.join(tmp, "kernel.cubin")
       with open(cubin, "wb") as f:
@@ -262,19 +270,20 @@ def compile_binary(call: TritonCall, arch: str) -> Binary:
 
 
 def gated_matmul_export(platform: str, tokens: int, d: int, k: int, out: int, dtype,
-                        w_transposed: bool = False) -> export.Exported:
+                        w_transposed: bool = False, m_cols: int | None = None) -> export.Exported:
   """The kernel `ops.gated_matmul` runs on `platform` (`gated_matmul_on`, without the
-  platform dispatch around it), on abstract arguments of one map's shape, exported."""
+  platform dispatch around it), on abstract arguments of one map's shape, exported.
+  m_cols: M's stored columns when padded past out (a GSI LM head's)."""
   arg = jax.ShapeDtypeStruct
   args = (arg((tokens, d), dtype), arg((tokens, k), jnp.float32), arg((tokens,), jnp.bool_),
-          arg((k, out), dtype), arg((out, d) if w_transposed else (d, out), dtype))
+          arg((k, m_cols or out), dtype), arg((out, d) if w_transposed else (d, out), dtype))
   fn = jax.jit(lambda *a: kernel.gated_matmul_on(platform, *a, w_transposed=w_transposed))
   return export_for(fn, args, platform)
 
 
 # Calls that exercise each GPU tile plan, (tokens, d, k, out, w_transposed) per regime:
 # GPT-J's narrowest map and its fc_out (a split reduction over 16384 rows), and GPT-2's
-# tied head (50257 rows of the table: a masked last block).
+# tied head (50257 rows of the table: a masked last block; M padded to 50304 columns).
 PLAN_CASES = {
     "decode": [(1, 4096, 256, 4096, False), (1, 16384, 256, 4096, False),
                (1, 768, 256, 50257, True)],
@@ -293,9 +302,10 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
       for tokens, d, k, out, transposed in cases:
         for dtype in dtypes:
           plan = tiling.plan_for(platform, tokens)
-          lay = tiling.layout(plan, tokens, d, k, out)
+          m_cols = P.head_m_columns(out) if transposed else None  # the head's padded M
+          lay = tiling.layout(plan, tokens, d, k, out, m_cols or 0)
           [call] = triton_calls(gated_matmul_export(platform, tokens, d, k, out,
-                                                    jnp.dtype(dtype), transposed))
+                                                    jnp.dtype(dtype), transposed, m_cols))
           binary = compile_binary(call, arch)
           records.append({
               "platform": platform, "arch": arch, "regime": regime, "dtype": dtype,

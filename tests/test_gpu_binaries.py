@@ -4,10 +4,14 @@ room for at least 2 programs per SM.  Compiled, not run."""
 
 import json
 import os
+import re
+from collections import Counter
 
+import jax.numpy as jnp
 import pytest
 
 from gsi_jax import lowering
+from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
 
 triton = pytest.importorskip("triton")
@@ -35,7 +39,8 @@ def test_every_plan_compiles_and_fits(records):
 def test_the_binaries_run_the_tile_plans(records):
   for r in records:
     plan = tiling.plan_for(r["platform"], r["tokens"])
-    lay = tiling.layout(plan, r["tokens"], r["d"], r["k"], r["out"])
+    lay = tiling.layout(plan, r["tokens"], r["d"], r["k"], r["out"],
+                        P.head_m_columns(r["out"]) if r["w_transposed"] else 0)
     assert r["grid"] == list(lay.grid)
     assert (r["num_warps"], r["num_stages"]) == (plan.num_warps, plan.num_stages)
 
@@ -53,3 +58,22 @@ def test_committed_figures_are_current(records):
           "shared_bytes", "grid")
   assert [{k: r[k] for k in keys} for r in saved["binaries"]] == \
       [{k: r[k] for k in keys} for r in records]
+
+
+def _global_loads(m_cols, out=50257):
+  """The sm_90 PTX global loads of GPT-2's tied head at one token in bf16 (the decode
+  plan), with M stored with m_cols columns."""
+  exported = lowering.gated_matmul_export("cuda", 1, 768, 256, out, jnp.bfloat16, True, m_cols)
+  [call] = lowering.triton_calls(exported)
+  return Counter(re.findall(r"ld\.global[.\w]*", lowering.compile_call(call, "sm_90").asm["ptx"]))
+
+
+def test_the_heads_padded_M_is_read_with_vector_loads():
+  """With 50257 columns every row of M starts unaligned and M's tiles load one bf16 at a
+  time; padded to 50304 (P.head_m_columns), they load as 128-bit vectors, as an aligned
+  map's do."""
+  assert P.head_m_columns(50257) == 50304
+  padded, unpadded = _global_loads(50304), _global_loads(None)
+  assert padded == _global_loads(None, out=50304)  # a vocabulary that needs no padding
+  assert padded["ld.global.b16"] < unpadded["ld.global.b16"]
+  assert padded["ld.global.v4.b32"] > unpadded["ld.global.v4.b32"]

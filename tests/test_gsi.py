@@ -326,13 +326,18 @@ def test_gsi_head_invariants(tiny, name):
   np.testing.assert_allclose(logits(model, head, make_gate(0.0, head_eps=math.inf)), want,
                              atol=1e-4)
   assert np.abs(want - dense).max() > 1e-3
-  # The head's own share is counted: all fast reads d k + k V instead of d V.
+  # M's columns are padded with zeros to a multiple of 64 (vector loads on a GPU).
+  d, vocab = W.shape
+  M = np.asarray(head["lm_head"][P.M][P.HEAD_MAP])
+  assert M.shape == (6, P.head_m_columns(vocab)) and P.head_m_columns(vocab) % 64 == 0
+  assert not M[:, vocab:].any()
+  # The head's own share is counted: all fast reads d k + k V' (V' = the padded columns of
+  # M, every one read) instead of d V.
   scores = metrics.score(model, head, EVAL, make_gate(0.0, head_eps=math.inf))
   assert scores["head_fast_share"] == 1.0
-  d, vocab = W.shape
   b = metrics.byte_accounting(head, head_fast_share=1.0)
   assert b["bytes_per_token_dense"] - b["bytes_per_token"] == pytest.approx(
-      4 * (d * vocab - d * 6 - 6 * vocab))
+      4 * (d * vocab - d * 6 - 6 * P.head_m_columns(vocab)))
   assert jax.tree.structure(gsi_jax.dense_params(head)) == jax.tree.structure(model.params)
   with pytest.raises(GSIError, match="head k must be"):
     gsi_jax.apply_gsi_head(model.params, V, 17)

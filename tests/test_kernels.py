@@ -8,6 +8,7 @@ import pytest
 
 from gsi_jax import GSIError, make_gate
 from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
                          gated_matmul_reference, tiling)
 from gsi_jax.ops.kernel import TOLERANCE, relative_error  # by dtype, beside its PRECISION
@@ -85,6 +86,15 @@ def test_tied_head_with_ragged_vocabulary(platform, tokens):
   fast = gate_mask(x, g, 0.1)
   y = gated_matmul_on(platform, x, g, fast, M, W.T, w_transposed=True, interpret=True)
   assert_close(y, gated_matmul_reference(x, g, fast, M, W), jnp.float32)
+  # A GSI head's M as stored: zero columns up to the next multiple of 64 (320), read
+  # unmasked and dropped from y.
+  M_padded = jnp.pad(M, ((0, 0), (0, P.head_m_columns(301) - 301)))
+  y_padded = gated_matmul_on(platform, x, g, fast, M_padded, W.T, w_transposed=True,
+                             interpret=True)
+  assert y_padded.shape == (tokens, 301)
+  assert_close(y_padded, gated_matmul_reference(x, g, fast, M_padded, W.T, w_transposed=True),
+               jnp.float32)
+  assert_close(y_padded, y, jnp.float32)
 
 
 def test_cpu_runs_the_cuda_plan_interpreted():

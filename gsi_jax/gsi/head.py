@@ -32,7 +32,9 @@ def head_basis(model, params, windows_NT: np.ndarray, k_max: int,
 
 
 def apply_gsi_head(params, V_DK: np.ndarray, k: int):
-  """New params whose LM head also holds V_k and M = V_kᵀ W_head."""
+  """New params whose LM head also holds V_k and M = V_kᵀ W_head, M's columns padded with
+  zeros to a multiple of P.HEAD_COLUMNS: a vocabulary such as GPT-2's 50257 would otherwise
+  start every row of M unaligned, and a GPU kernel reads it with scalar loads."""
   W_DV = P.head_kernel(params)
   if V_DK.shape[0] != W_DV.shape[0]:
     raise GSIError(f"head basis is {V_DK.shape[0]}-wide, the head reads {W_DV.shape[0]}; "
@@ -41,4 +43,5 @@ def apply_gsi_head(params, V_DK: np.ndarray, k: int):
     raise GSIError(f"head k must be in 1..{V_DK.shape[1]} (the basis' columns), got {k}")
   V = jnp.asarray(V_DK[:, :k], W_DV.dtype)
   M = (V.astype(jnp.float32).T @ W_DV.astype(jnp.float32)).astype(W_DV.dtype)
+  M = jnp.pad(M, ((0, 0), (0, P.head_m_columns(M.shape[1]) - M.shape[1])))
   return {**params, P.LM_HEAD: {**P.head(params), P.V: V, P.M: {P.HEAD_MAP: M}}}

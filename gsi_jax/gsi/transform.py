@@ -138,5 +138,6 @@ def gsi_shapes(params, k: int, head_k: int = 0):
     d, vocab = P.head_shape(params)
     dtype = P.head(params).get(P.KERNEL, params[P.EMBED][P.EMBEDDING]).dtype
     out = {**out, P.LM_HEAD: {**P.head(out), P.V: shape(d, head_k, dtype=dtype),
-                              P.M: {P.HEAD_MAP: shape(head_k, vocab, dtype=dtype)}}}
+                              P.M: {P.HEAD_MAP: shape(head_k, P.head_m_columns(vocab),
+                                                      dtype=dtype)}}}
   return out

@@ -62,7 +62,8 @@ def head_elements(params, fast_share: float | None = None) -> float:
   if not P.has_gsi(head):
     return float(d * vocab + bias)
   k, f = head[P.V].shape[1], fast_share or 0.0
-  return gated_map_elements(d, vocab, k, f * k, f) + bias
+  padding = head[P.M][P.HEAD_MAP].shape[1] - vocab  # M's zero columns, read on fast tokens
+  return gated_map_elements(d, vocab, k, f * k, f) + f * k * padding + bias
 
 
 def linear_elements_dense(params) -> float:

@@ -110,6 +110,15 @@ def head_kernel(params):
   return own[KERNEL] if KERNEL in own else params[EMBED][EMBEDDING].T
 
 
+HEAD_COLUMNS = 64  # a GSI head's M has its columns padded to a multiple of this
+
+
+def head_m_columns(vocab: int) -> int:
+  """The stored columns of a GSI head's M: the vocabulary padded to HEAD_COLUMNS (its padding
+  is zero, and the outputs past the vocabulary are dropped)."""
+  return -(-vocab // HEAD_COLUMNS) * HEAD_COLUMNS
+
+
 def head_shape(params) -> tuple[int, int]:
   """(d, vocab) of the LM head; reads only shapes, so abstract trees work too."""
   own = head(params)

@@ -52,6 +52,14 @@ def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> 
   return x_BTD @ (W.T if W_transposed else W)
 
 
+def fast_matmul(g_BTK: jax.Array, M: jax.Array, W: jax.Array, W_transposed: bool = False):
+  """g M on W's O outputs: a GSI LM head's M holds zero columns past them (padded to a
+  multiple of 64 at calibration, `gsi_jax.gsi.head`), dropped after the product."""
+  out = W.shape[0] if W_transposed else W.shape[1]
+  y = g_BTK @ M
+  return y if M.shape[1] == out else y[..., :out]
+
+
 def _pallas(x_BTD, g_BTK, fast_BT, weights: GatedWeights):
   lead = x_BTD.shape[:-1]
   x_TD, g_TK = x_BTD.reshape(-1, x_BTD.shape[-1]), g_BTK.reshape(-1, g_BTK.shape[-1])
@@ -73,7 +81,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       raise GSIError("the soft gate learns the plain ρ < ε gate only")
     hard_BT = gate_mask(x_BTD, g_BTK, eps)
     w_BT1 = straight_through(hard_BT, soft_fast(x_BTD, g_BTK, eps))[..., None]
-    ys = [w_BT1 * (g_BTK @ M) + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
+    ys = [w_BT1 * fast_matmul(g_BTK, M, W, weights.W_transposed)
+          + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
           for W, M in zip(weights.W, weights.M)]
     return ys, w_BT1[..., 0], rank_BT
   if gate.mode == "static":
@@ -103,7 +112,7 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
 def _xla(x_BTD, g_BTK, fast_BT, weights: GatedWeights, gate: Gate):
   """Both products and a masked select, or with batch1_switch the branch the gate picks."""
   def fast():
-    return [g_BTK @ M for M in weights.M]
+    return [fast_matmul(g_BTK, M, W, weights.W_transposed) for W, M in zip(weights.W, weights.M)]
 
   def slow():
     return [dense_matmul(x_BTD, W, weights.W_transposed) for W in weights.W]

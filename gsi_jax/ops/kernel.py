@@ -54,7 +54,8 @@ def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = 
   W is (d, O), or (O, d) when w_transposed (a tied LM head reads its table).
   """
   f32 = lambda a: a.astype(jnp.float32)
-  y_fast = jnp.dot(f32(g_TK.astype(M_KO.dtype)), f32(M_KO), precision=PRECISION)
+  O = W.shape[0] if w_transposed else W.shape[1]
+  y_fast = jnp.dot(f32(g_TK.astype(M_KO.dtype)), f32(M_KO), precision=PRECISION)[:, :O]
   dims = (((1,), (1,)), ((), ())) if w_transposed else (((1,), (0,)), ((), ()))
   y_slow = lax.dot_general(f32(x_TD), f32(W), dims, precision=PRECISION)
   return jnp.where(fast_T[:, None], y_fast, y_slow).astype(x_TD.dtype)
@@ -85,11 +86,15 @@ def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLay
   state = state_ref[...]  # (block_t, 1): FAST, SLOW or PADDING
   bt, bo = lay.block_t, lay.block_o
   cols_ok = (j * bo + _iota(bo) < lay.out) if lay.mask_out else None
+  # M padded past out (to a multiple of 64): its columns stay unmasked, so their loads
+  # stay vector loads; the padding is zero and its outputs are dropped.
+  m_cols_ok = cols_ok if not lay.m_cols else \
+      (j * bo + _iota(bo) < lay.m_cols) if lay.mask_m_cols else None
   vector = bt == 1  # one token: multiply and sum; else a tensor-core dot
   acc_shape = (bo,) if vector else (bt, bo)
   zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
 
-  def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed):
+  def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed, cols_ok):
     """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed)."""
     def body(i, acc):
       r0 = pl.multiple_of(i * block, block)
@@ -115,10 +120,10 @@ def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLay
 
   y_fast = lax.cond(jnp.max(state) == FAST,
                     lambda: reduce(g_ref, M_ref, lay.k_chunk, lay.block_k, lay.padded_k,
-                                   lay.mask_k, False), zeros)
+                                   lay.mask_k, False, m_cols_ok), zeros)
   y_slow = lax.cond(jnp.max(jnp.where(state == SLOW, 1, 0)) == 1,
                     lambda: reduce(x_ref, W_ref, lay.d_chunk, lay.block_d, lay.padded_d,
-                                   lay.mask_d, w_transposed), zeros)
+                                   lay.mask_d, w_transposed, cols_ok), zeros)
   if vector:
     y_fast, y_slow = y_fast[None, :], y_slow[None, :]
   y_ref[...] = jnp.where(state == FAST, y_fast, y_slow).astype(y_ref.dtype)
@@ -133,18 +138,22 @@ def gated_matmul_on(platform: str, x_TD, g_TK, fast_T, M_KO, W, *, w_transposed:
                     plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kernel with `platform`'s tile plan (or `plan`), compiled for it or interpreted.
 
-  Returns y (T, O) in x's dtype.
+  Returns y (T, O) in x's dtype, O being W's outputs; M may hold zero columns past O (a
+  GSI LM head's, padded to a multiple of 64 so that its rows start aligned).
   """
   T, D = x_TD.shape
-  K, O = M_KO.shape
+  K, m_cols = M_KO.shape
+  O = W.shape[0] if w_transposed else W.shape[1]
+  if m_cols < O:
+    raise ValueError(f"M has {m_cols} columns, fewer than W's {O} outputs")
   plan = plan or tiling.plan_for(platform, T)
-  lay = tiling.layout(plan, T, D, K, O)
+  lay = tiling.layout(plan, T, D, K, O, m_cols)
   Tp, Dp, Kp, Op = lay.padded_tokens, lay.padded_d, lay.padded_k, lay.padded_out
   state = _pad(jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)[:, None], (Tp, 1))
   state = jnp.where(jnp.arange(Tp)[:, None] < T, state, PADDING)
   x = _pad(x_TD, (Tp, Dp))
   g = _pad(g_TK.astype(M_KO.dtype), (Tp, Kp))  # g M in M's dtype (see PRECISION)
-  M = _pad(M_KO, (Kp, Op))
+  M = _pad(M_KO, (Kp, max(Op, m_cols)))
   W = _pad(W, (Op, Dp) if w_transposed else (Dp, Op))
   bt, bo = lay.block_t, lay.block_o
   if w_transposed:

@@ -116,6 +116,7 @@ class CallLayout:
   splits: int
   d_chunk: int
   k_chunk: int
+  m_cols: int = 0  # M's stored columns when padded past out (a GSI LM head), else 0
 
   @property
   def token_blocks(self) -> int:
@@ -162,9 +163,16 @@ class CallLayout:
   def mask_out(self) -> bool:
     return self.out_blocks * self.block_o != self.padded_out
 
+  @property
+  def mask_m_cols(self) -> bool:
+    """M's loads need a column mask: its stored columns end inside the last block (a
+    column mask along the contiguous axis turns a program's vector loads scalar)."""
+    return self.out_blocks * self.block_o > max(self.m_cols, self.padded_out)
 
-def layout(plan: TilePlan, tokens: int, d: int, k: int, out: int) -> CallLayout:
-  """Fit `plan` to one call's shapes, splitting the reduction until the grid fills the chip."""
+
+def layout(plan: TilePlan, tokens: int, d: int, k: int, out: int, m_cols: int = 0) -> CallLayout:
+  """Fit `plan` to one call's shapes, splitting the reduction until the grid fills the chip.
+  m_cols: M's stored columns where they are padded past `out`."""
   block_d = _block(plan.block_d, d, plan.pad_inputs)
   block_k = _block(plan.block_k, k, plan.pad_inputs)
   block_o = _block(plan.block_o, out, plan.pad_inputs)
@@ -179,7 +187,8 @@ def layout(plan: TilePlan, tokens: int, d: int, k: int, out: int) -> CallLayout:
   splits = _ceil_div(d_tiles, d_chunk_tiles)  # no split left without rows of W
   return CallLayout(plan, tokens, d, k, out, block_t, block_o, block_d, block_k, splits,
                     d_chunk=d_chunk_tiles * block_d,
-                    k_chunk=_ceil_div(k_tiles, splits) * block_k)
+                    k_chunk=_ceil_div(k_tiles, splits) * block_k,
+                    m_cols=m_cols if m_cols > out else 0)
 
 
 def weight_elements_read(lay: CallLayout, fast_T) -> float:
