@@ -188,7 +188,7 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
                    top: int = 12) -> dict:
   """Where a decode's time goes, from a jax.profiler trace of one warm greedy decode of n
   tokens: milliseconds per token in matrix products (XLA ops whose name holds "dot"),
-  in custom calls (the CPU kernels) and in everything else, the ops run per token, and
+  in custom and FFI calls (the CPU kernels) and in everything else, the ops run per token, and
   the `top` op kinds by time (an op's name without its numeric suffix).
 
   On CPU, per-op events need XLA_FLAGS to hold TRACE_FLAG before jax starts; without
@@ -215,7 +215,7 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
     entry[1] += 1
   per_token = lambda us: us / 1e3 / n
   part = lambda test: per_token(sum(t for k, (t, _) in by_kind.items() if test(k)))
-  custom = lambda k: "custom" in k
+  custom = lambda k: "custom" in k or "ffi" in k
   ranked = sorted(by_kind.items(), key=lambda item: -item[1][0])[:top]
   ops = sum(c for _, c in by_kind.values())
   return {"wall_ms_per_token": 1e3 * wall / n,

@@ -49,9 +49,10 @@ def test_kept_rows_matmul_is_the_masked_product(kept, impl):
 
 
 @pytest.mark.parametrize("impl", [kept_dots, kept_dots_xla])
-@pytest.mark.parametrize("kept", [0, 1, 7, 9, 48])
-def test_kept_dots_are_the_masked_product(kept, impl):
-  o, d = 48, 37  # d not a multiple of the kernel's 8 partial sums
+@pytest.mark.parametrize("kept, o, d", [(0, 48, 37), (1, 48, 37), (7, 48, 37), (9, 48, 37),
+                                        (48, 48, 37),  # d not a multiple of 8 partial sums
+                                        (1400, 1536, 577)])  # split over the helper thread
+def test_kept_dots_are_the_masked_product(kept, o, d, impl):
   x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
   keep = jnp.zeros(o, bool).at[RNG.permutation(o)[:kept]].set(True)
   W = jnp.asarray(RNG.standard_normal((o, d)), jnp.float32)
@@ -68,11 +69,34 @@ def test_the_cpu_kernel_is_built_and_reads_in_place():
   W = jnp.asarray(RNG.standard_normal((d, o)), jnp.float32)
   program = jax.jit(lambda x, k, W: kept_rows_matmul(x, k, [W])[0]).lower(x, keep, W).as_text()
   assert cpu_kernels.TARGET in program and "gather" not in program
-  np.testing.assert_allclose(np.asarray(cpu_kernels.kept_rows(x, keep, W)),
+  np.testing.assert_allclose(np.asarray(cpu_kernels.kept_rows(x, keep, [W])[0]),
                              np.asarray(jnp.where(keep, x, 0) @ W), atol=1e-4, rtol=1e-5)
   keep_O = jnp.asarray(RNG.random(o) < 0.4)
   dots = jax.jit(lambda x, k, W: kept_dots(x, k, W)).lower(x, keep_O, W.T).as_text()
   assert cpu_kernels.DOTS_TARGET in dots and "gather" not in dots
+
+
+@pytest.mark.parametrize("d, outs, kept", [(64, (96, 33, 7), 0.4),  # one thread
+                                           (1024, (1536, 1000, 2047), 0.9)])  # two
+def test_one_call_serves_every_map_of_a_site(d, outs, kept):
+  """Every map of a site (q, k, v) in one kernel call, which finds the kept rows once and,
+  for a product of over 2^20 kept weights, gives the upper half of every output's
+  columns to its helper thread (odd widths split unevenly); two such calls side by side
+  (XLA runs independent ones together) contend for the helper, and the one that finds it
+  busy works alone."""
+  x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
+  keep = jnp.asarray(RNG.random(d) < kept)
+  Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in outs]
+  program = jax.jit(lambda x, k, Ws: kept_rows_matmul(x, k, Ws)).lower(x, keep, Ws).as_text()
+  assert program.count(cpu_kernels.TARGET) == 1
+  two_sites = jax.jit(lambda x, k, Ws: (cpu_kernels.kept_rows(x, k, Ws),
+                                        cpu_kernels.kept_rows(-x, k, Ws[::-1])))
+  for _ in range(20):
+    first, second = two_sites(x, keep, Ws)
+    for y, y_neg, W in zip(first, second[::-1], Ws):
+      want = np.asarray(jnp.where(keep, x, 0) @ W)
+      np.testing.assert_allclose(np.asarray(y), want, atol=1e-3, rtol=1e-4)
+      np.testing.assert_allclose(np.asarray(y_neg), -want, atol=1e-3, rtol=1e-4)
 
 
 def test_without_a_compiler_the_xla_path_is_taken(monkeypatch, tmp_path, caplog):

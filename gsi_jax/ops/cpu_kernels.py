@@ -2,7 +2,8 @@
 through XLA's FFI.
 
 `csrc/kept_rows.cc` streams only the kept rows of W, in place: for the kept-rows
-product (magnitude sparsity) and for the kept dots (CATS' up_proj).  It is compiled
+product (magnitude sparsity; every map of a site in one call, split over a helper thread
+when large) and for the kept dots (CATS' up_proj).  It is compiled
 with the machine's C++ compiler against the headers jaxlib ships
 (`jax.ffi.include_dir()`), once per source, jaxlib and CPU, into
 $GSI_JAX_CACHE/kernels (default ~/.cache/gsi_jax/kernels), written to a temporary
@@ -88,10 +89,11 @@ def available() -> bool:
   return _state["ok"]
 
 
-def kept_rows(x_D: jax.Array, keep_D: jax.Array, W_DO: jax.Array) -> jax.Array:
-  """Σ_{i kept} x_i W_i for float32 x (d,) and W (d, O): the FFI call (cpu only)."""
-  return jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((W_DO.shape[1],), jnp.float32))(
-      x_D, keep_D, W_DO)
+def kept_rows(x_D: jax.Array, keep_D: jax.Array, Ws) -> list[jax.Array]:
+  """Σ_{i kept} x_i W_i for float32 x (d,) and each W (d, O) of a site: one FFI call that
+  finds the kept rows once and streams them from every W (cpu only)."""
+  shapes = [jax.ShapeDtypeStruct((W.shape[1],), jnp.float32) for W in Ws]
+  return list(jax.ffi.ffi_call(TARGET, shapes)(x_D, keep_D, *Ws))
 
 
 def kept_dots(x_D: jax.Array, keep_O: jax.Array, W_OD: jax.Array) -> jax.Array:

@@ -75,7 +75,7 @@ def kept_rows_matmul(x_D: jax.Array, keep_D: jax.Array, Ws: Sequence[jax.Array],
   if not float32 or not cpu_kernels.available():
     return xla()
   return lax.platform_dependent(
-      cpu=lambda: [cpu_kernels.kept_rows(x_D, keep_D.astype(bool), W) for W in Ws],
+      cpu=lambda: cpu_kernels.kept_rows(x_D, keep_D.astype(bool), Ws),
       default=xla)
 
 

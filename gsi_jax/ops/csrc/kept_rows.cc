@@ -4,11 +4,16 @@
 //
 // XLA's CPU backend copies any gathered or sliced rows of W into a new buffer before
 // its dot, so a kept-rows product there moves the kept bytes about three times.  This
-// handler streams each kept row once, eight rows per pass over y (which stays in L1).
+// handler streams each kept row once, eight rows per pass over y (which stays in L1), for
+// every map of a site in one call, on two threads when the product is large.
 // Registered with XLA's FFI by gsi_jax/ops/cpu_kernels.py, which compiles it.
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -52,24 +57,117 @@ void Accumulate(const float* xs, const float* ws, const int64_t* rows, int64_t n
 
 }  // namespace
 
-static ffi::Error KeptRowsImpl(ffi::Buffer<ffi::F32> x,
-                               ffi::Buffer<ffi::PRED> keep, ffi::Buffer<ffi::F32> w,
-                               ffi::ResultBuffer<ffi::F32> y) {
-  const auto dims = w.dimensions();
-  if (dims.size() != 2 || x.element_count() != dims[0] || keep.element_count() != dims[0] ||
-      y->element_count() != dims[1]) {
-    return ffi::Error::InvalidArgument("kept_rows: shapes must be x (d,), keep (d,), W (d, O)");
+namespace {
+
+// One helper thread beside XLA's own: a large product gives it the upper half of every
+// output's columns while the calling thread does the lower half (one core streams about
+// 20 GB/s here; two read what the memory gives).  It is taken with try_lock, so calls
+// that XLA runs side by side never wait for each other: a call that finds it busy does
+// its whole product alone.  It waits on a condition variable, never spins.
+class Helper {
+ public:
+  static Helper& Instance() {
+    static Helper* helper = new Helper();  // lives as long as the process (its thread too)
+    return *helper;
   }
-  const int64_t d = dims[0], o = dims[1];
+
+  // Runs `work` on the helper and returns true, or returns false if it is taken.
+  bool Start(std::function<void()> work) {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock() || work_ || running_) return false;
+    work_ = std::move(work);
+    running_ = true;
+    wake_.notify_one();
+    return true;
+  }
+
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return !running_; });
+  }
+
+ private:
+  Helper() { std::thread([this] { Loop(); }).detach(); }
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [this] { return static_cast<bool>(work_); });
+      std::function<void()> work = std::move(work_);
+      work_ = nullptr;
+      lock.unlock();
+      work();
+      lock.lock();
+      running_ = false;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::function<void()> work_;
+  bool running_ = false;
+};
+
+// Products smaller than this many kept weights (1 MB of float32) stay on one thread: the
+// helper's wake-up would cost more than its half saves.
+constexpr int64_t kSplitElements = 1 << 18;
+
+}  // namespace
+
+// y_m = sum over kept i of x[i] * W_m[i, :] for every W_m (d, O_m) of one site (q, k and v
+// read one input): the kept rows are found once, and one call streams them all.
+static ffi::Error KeptRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::PRED> keep,
+                               ffi::RemainingArgs ws, ffi::RemainingRets ys) {
+  const int64_t d = x.element_count();
+  if (keep.element_count() != d || ws.size() != ys.size() || ws.size() == 0) {
+    return ffi::Error::InvalidArgument("kept_rows: x (d,), keep (d,) and one y per W");
+  }
+  struct Map {
+    const float* w;
+    int64_t o;
+    float* y;
+  };
+  std::vector<Map> maps;
+  int64_t columns = 0;
+  for (size_t m = 0; m < ws.size(); ++m) {
+    auto w = ws.get<ffi::Buffer<ffi::F32>>(m);
+    auto y = ys.get<ffi::Buffer<ffi::F32>>(m);
+    if (!w.has_value() || !y.has_value()) {
+      return ffi::Error::InvalidArgument("kept_rows: every W and y must be float32");
+    }
+    const auto dims = w->dimensions();
+    if (dims.size() != 2 || dims[0] != d || (*y)->element_count() != dims[1]) {
+      return ffi::Error::InvalidArgument("kept_rows: shapes must be W (d, O) and y (O,)");
+    }
+    maps.push_back({w->typed_data(), dims[1], (*y)->typed_data()});
+    columns += dims[1];
+  }
   const bool* ks = keep.typed_data();
   std::vector<int64_t> rows;
   rows.reserve(d);
   for (int64_t i = 0; i < d; ++i) {
     if (ks[i]) rows.push_back(i);
   }
-  // One thread: XLA already runs independent thunks (q, k, v; gate, up) side by side on
-  // its pool, and a handler that waited on that pool for its own parts deadlocked.
-  Accumulate(x.typed_data(), w.typed_data(), rows.data(), rows.size(), o, 0, o, y->typed_data());
+  const float* xs = x.typed_data();
+  const int64_t n = rows.size();
+  // Columns [0, half) of each output on this thread, [half, O) on the helper's; half is a
+  // multiple of 16 floats, so the two never write one cache line.
+  auto half = [](int64_t o) { return o < 32 ? o : (o / 2) & ~int64_t{15}; };
+  auto run = [&](bool upper) {
+    for (const Map& m : maps) {
+      const int64_t j0 = upper ? half(m.o) : 0, j1 = upper ? m.o : half(m.o);
+      if (j1 > j0) Accumulate(xs, m.w, rows.data(), n, m.o, j0, j1, m.y);
+    }
+  };
+  Helper& helper = Helper::Instance();
+  if (n * columns >= kSplitElements && helper.Start([&] { run(true); })) {
+    run(false);
+    helper.Wait();
+  } else {
+    run(false);
+    run(true);
+  }
   return ffi::Error::Success();
 }
 
@@ -77,8 +175,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(KeptRows, KeptRowsImpl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 namespace {
 
@@ -144,7 +242,18 @@ static ffi::Error KeptDotsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::PRED> k
       ys[r] = 0.0f;
     }
   }
-  Dots(x.typed_data(), w.typed_data(), rows.data(), rows.size(), d, ys);
+  // The upper half of the kept rows on the helper thread when the product is large.
+  const int64_t n = rows.size(), lower = n / 2;
+  const float* xs = x.typed_data();
+  const float* wd = w.typed_data();
+  Helper& helper = Helper::Instance();
+  if (n * d >= kSplitElements &&
+      helper.Start([&] { Dots(xs, wd, rows.data() + lower, n - lower, d, ys); })) {
+    Dots(xs, wd, rows.data(), lower, d, ys);
+    helper.Wait();
+  } else {
+    Dots(xs, wd, rows.data(), n, d, ys);
+  }
   return ffi::Error::Success();
 }
 
