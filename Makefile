@@ -71,6 +71,13 @@ clean:
 # are timed on.  It does not write the single pareto runs (pareto_rank, pareto_rsparse,
 # pareto_speed, pareto_paired: their commands are in RESULTS.md) or results/benchmarks/
 # (make benchmarks, make scale).
+# Cost on the 2-core EPYC (2026-12-04, each JSON's run.wall_s; partly beside other work):
+# quality_table 12 min, calibration (85 s) included; the eight untimed steps two at a time
+# 19 min (35 min one after another: negative_control 9.5, speedup_table 8.5, theorem4 5,
+# notebook 4, small-eps 4, fidelity 2.5, depth and storage 1); the demo 1.3 min.  Pareto,
+# not timed whole: each of its 79 records 30-45 s (held-out scoring 13-16 s, 4 greedy
+# generations 5-18 s, 3 paired decode rounds 11 s), 40-60 min, plus 10 learned allocations.
+# The whole, last timed at about 1 h 30 min, is over an hour; pareto is what to cut.
 UNTIMED := small-eps speedup fidelity control depth storage theorem4 notebook
 .PHONY: $(UNTIMED:%=results-%)
 results: $(STAMP)
