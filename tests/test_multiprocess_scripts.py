@@ -24,6 +24,7 @@ MODEL = "llama_mha"
 # What a run measures rather than computes: it differs between any two runs.
 MEASURED = re.compile(r"(^|_)(s|seconds)$|tokens_per_s|measured_speedup|bandwidth|rss|"
                       r"per_process|over_weights|s_by_width|measured_s_by_site|best_measured|"
+                      r"^speedup_(low|high)$|^dense_spread$|^verdict$|"
                       r"^(out|bases_dir|devices|processes)$")
 
 
