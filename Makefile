@@ -33,7 +33,7 @@ test-multiprocess: $(STAMP)
 VENV11  := .venv-jax011
 STAMP11 := $(VENV11)/.installed
 TINY    := .cache/tiny-models
-JAX011_TESTS := tests/test_kernels.py tests/test_gpu_lowering.py tests/test_gpu_programs.py \
+JAX011_TESTS := tests/test_kernels.py tests/test_kept_kernel.py tests/test_gpu_lowering.py tests/test_gpu_programs.py \
   tests/test_pallas_model.py tests/test_fast_paths.py tests/test_gsi.py tests/test_allocation.py \
   tests/test_peers.py tests/test_rsparse_search.py tests/test_methods.py tests/test_import_graph.py \
   tests/test_results.py tests/test_supervisor.py tests/test_benchmarking.py tests/test_gpu_check.py \

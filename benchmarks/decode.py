@@ -40,7 +40,8 @@ _KEPT_ALL = flags.DEFINE_bool("kept_all", False, "Also decode magnitude sparsity
                               "row kept (the kept-rows fast path at dense's bytes) beside dense, "
                               "and with --profile trace it too.")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
-_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
+_IMPL = flags.DEFINE_enum("impl", "auto", ["xla", "pallas", "auto"], "GSI's gated map "
+                          "(auto: the kernel on a GPU, XLA on cpu).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights.")
 _BASES_DIR = flags.DEFINE_string("bases_dir", DEFAULT_BASES_DIR, "Orbax bases cache.")
 _PEAK = flags.DEFINE_float("peak_bandwidth_gb_s", 30.0, "Memory read bandwidth (GB/s) that "

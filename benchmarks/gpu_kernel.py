@@ -15,11 +15,11 @@ Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
   timing   per call, at --tokens tokens and --fast_share shares of fast tokens, in
            bfloat16: one program of --inner rounds over --copies distinct (M, W) pairs
            (more bytes than --cache_mb of L2 holds, so every call reads from HBM), with
-           g and the gate given (the call is the kernel with its state, padding and
-           split-K sum); dense x @ W over the same copies in alternation, paired rounds,
-           the median ratio and its bootstrap 95% interval (`benchmarking`);
+           g given (the call is the kernel, which computes the gate; thresholds per token
+           of ∞ or 0 set the share); dense x @ W over the same copies in alternation,
+           paired rounds, the median ratio and its bootstrap 95% interval (`benchmarking`);
   tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
-           --tiles decode plan (block_o x block_d x warps).
+           --tiles decode plan (block_o x block_d x warps, no split reduction).
 --dry: d = 256, O = 512, k = 32, 1 and 2 tokens, a 64 MiB ceiling, 4 copies and 2 tile
 plans, where a flag does not say otherwise: the whole path in a minute on a CPU, where the
 kernel runs interpreted (its times then mean nothing).
@@ -46,9 +46,9 @@ _MAPS = flags.DEFINE_list("maps", ["4096x16384", "4096x4096", "16384x4096"],
 _K = flags.DEFINE_integer("k", 256, "Rank of M.")
 _TOKENS = flags.DEFINE_list("tokens", ["1", "2", "4", "8", "16"], "Tokens per timed call.")
 _SHARES = flags.DEFINE_list("fast_share", ["0", "0.5", "1"], "Shares of fast tokens timed.")
-_TILES = flags.DEFINE_list("tiles", ["64x64x4", "128x64x4", "256x64x8", "256x32x8",
-                                     "128x128x8"], "Decode plans swept: block_o x block_d x "
-                           "warps (block_k 32, 2 programs per SM/CU).")
+_TILES = flags.DEFINE_list("tiles", ["32x512x8", "64x256x8", "128x128x8", "128x256x8",
+                                     "64x64x4"], "Decode plans swept: block_o x block_d x "
+                           "warps (block_k = block_d, one program per output block).")
 _CEILING_GIB = flags.DEFINE_float("ceiling_gib", 2.0, "GiB read by the ceiling's sum.")
 _CACHE_MB = flags.DEFINE_float("cache_mb", 60.0, "The device's last-level cache (H200: 60).")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds (ceiling: repeats).")
@@ -57,7 +57,7 @@ _DRY = flags.DEFINE_bool("dry", False, "Small shapes: the whole path in seconds,
 _OUT = flags.DEFINE_string("out", None, "JSON output.")
 
 DRY = dict(maps=["256x512"], k=32, tokens=["1", "2"], ceiling_gib=1 / 16, cache_mb=0.25,
-           tiles=["64x64x4", "128x32x4"], repeats=3, inner=2)
+           tiles=["32x128x4", "64x64x4"], repeats=3, inner=2)
 CORRECT_TOKENS = (1, 16, 256)
 CORRECT_SHARES = (0.0, 0.5, 1.0)
 
@@ -147,12 +147,13 @@ def ceiling(c: KernelBenchConfig) -> dict:
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
+  """x, g, thresholds per token (∞: fast, 0: slow) that make `share` of them fast, M, W."""
   kx, kg, km, kw = jax.random.split(key, 4)
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
   g = jax.random.normal(kg, (tokens, k), jnp.float32).astype(dtype)
   M = (jax.random.normal(km, (k, out), jnp.float32) / math.sqrt(k)).astype(dtype)
   W = (jax.random.normal(kw, (d, out), jnp.float32) / math.sqrt(d)).astype(dtype)
-  return x, g, fast_tokens(tokens, share), M, W
+  return x, g, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), M, W
 
 
 def fast_tokens(tokens: int, share: float) -> jax.Array:
@@ -167,14 +168,16 @@ def correct(c: KernelBenchConfig) -> list[dict]:
   for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
                                           for dt in (jnp.float32, jnp.bfloat16)
                                           for t in CORRECT_TOKENS for f in CORRECT_SHARES):
-    x, g, fast, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
-    y = kernel.gated_matmul(x, g, fast, M, W)
-    ref = kernel.gated_matmul_reference(x, g, fast, M, W)
+    x, g, eps, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
+    (y,), fast = kernel.gated_matmul(x, g, eps, [M], [W])
+    (ref,), ref_fast = kernel.gated_matmul_reference(x, g, eps, [M], [W])
     error = kernel.relative_error(y, ref)
     tolerance = kernel.TOLERANCE[jnp.dtype(dtype)]
+    same_gate = bool(jnp.array_equal(fast, ref_fast))
     rows.append({"d": d, "out": out, "k": c.k, "dtype": jnp.dtype(dtype).name,
-                 "tokens": tokens, "fast_share": float(jnp.mean(fast)),
-                 "relative_error": error, "tolerance": tolerance, "passed": error <= tolerance})
+                 "tokens": tokens, "fast_share": float(jnp.mean(ref_fast)),
+                 "relative_error": error, "tolerance": tolerance, "same_gate": same_gate,
+                 "passed": error <= tolerance and same_gate})
   failed = [r for r in rows if not r["passed"]]
   logging.info("correct: %d of %d cases within tolerance", len(rows) - len(failed), len(rows))
   return rows
@@ -191,7 +194,8 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
   copies = copies_for(c, d, out, dtype.itemsize)
   problems = [_problem(jax.random.key(i), tokens, d, c.k, out, dtype, share)
               for i in range(copies)]
-  x, g, fast = problems[0][:3]
+  x, g, eps = problems[0][:3]
+  fast = jnp.isinf(eps)
   Ms, Ws = [p[3] for p in problems], [p[4] for p in problems]
   platform = device_platform()
   if plan is None:
@@ -202,15 +206,16 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
 
   def passes(product):
     @jax.jit
-    def run(x, g, fast, Ms, Ws):
+    def run(x, g, eps, Ms, Ws):
       def body(_, acc):
         for M, W in zip(Ms, Ws):
-          acc = acc + product(x, g, fast, M, W)[0, :8].astype(jnp.float32)
+          acc = acc + product(x, g, eps, M, W)[0, :8].astype(jnp.float32)
         return acc
       return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
-    return lambda: run(x, g, fast, Ms, Ws).block_until_ready()
+    return lambda: run(x, g, eps, Ms, Ws).block_until_ready()
 
-  pair = timed_pair(passes(lambda x, g, fast, M, W: x @ W), passes(call), c.repeats)
+  gated = lambda x, g, eps, M, W: call(x, g, eps, [M], [W])[0][0]
+  pair = timed_pair(passes(lambda x, g, eps, M, W: x @ W), passes(gated), c.repeats)
   calls = c.inner * copies
   dense_s, gated_s = pair["base_s"] / calls, pair["other_s"] / calls
   lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
@@ -247,7 +252,7 @@ def tiles(c: KernelBenchConfig) -> list[dict]:
   d, out = c.maps[0]
   sms = {"cuda": 132, "rocm": 304}.get(device_platform(), 1)
   for bo, bd, warps in c.tiles:
-    plan = tiling.TilePlan(1, bo, bd, 32, 2 * sms, num_warps=warps, num_stages=1)
+    plan = tiling.TilePlan(1, bo, bd, bd, sms, num_warps=warps, num_stages=1, min_block_o=bo)
     for share in (0.0, 1.0):
       row = _timed_pair(c, d, out, 1, share, plan)
       rows.append({"block_o": bo, "block_d": bd, "num_warps": warps, **row})

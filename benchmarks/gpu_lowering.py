@@ -6,9 +6,12 @@
    and f32, 1 to 2048 tokens, exported for each platform (`jax.export`): kernel calls,
    other custom calls, interpret-mode loops, and the launch against the tile plan.
 2. The default model's forward and decode step exported for cuda, rocm and tpu: kernel
-   calls against gated maps.
-3. Every GPU tile plan compiled with PyPI's `triton` for sm_90 and gfx942: registers,
-   spills, shared memory.
+   calls against gated sites and maps.
+3. GPT-J's gated sites exported as a model runs them (`gated_linear`), at 1 and 16 tokens:
+   launches per site, and the decode tiles against Little's law (`tiling.bytes_in_flight`).
+4. Every GPU tile plan compiled with PyPI's `triton` for sm_90 and gfx942: registers,
+   spills, shared memory; and the kept-rows and kept-dots kernels at Llama-3-8B's gate
+   and up.
 Lowered and compiled, not run: numerics and speed need a GPU (benchmarks/gpu_check.sh).
 """
 
@@ -62,8 +65,13 @@ def main(argv):
     logging.info("%s %s head=%s: %d gated maps, %d / %d kernel calls (forward / decode step)",
                  m["platform"], m["impl"], m["gated_head"], m["gated_maps"],
                  m["forward_kernel_calls"], m["decode_step_kernel_calls"])
+  sites = [r for platform in lowering.ARCHES for tokens in (1, 16)
+           for r in lowering.gptj_site_launches(platform, tokens)]
+  for r in sites:
+    logging.info("GPT-J %s, %s, %d tokens: %d launches, other ops %s", r["site"],
+                 r["platform"], r["tokens"], r["launches"], r["other_ops"] or "none")
   show = lambda r: logging.info(
-      "%s %s %s %s T=%d d=%d O=%d: %d registers, %d B spilled, %d B shared, grid %s",
+      "%s %s %s %s T=%d d=%d O=%s: %d registers, %d B spilled, %d B shared, grid %s",
       r["platform"], r["arch"], r["regime"], r["dtype"], r["tokens"], r["d"], r["out"],
       r["registers"], r["spill_bytes"], r["shared_bytes"], r["grid"])
   binaries = lowering.plan_binaries(progress=show)
@@ -73,7 +81,8 @@ def main(argv):
       "maps": {"models": [c.name for c in lowering.PAPER_MODELS], "shapes": len(maps),
                "tokens": list(lowering.LOWERING_TOKENS),
                "dtypes": list(lowering.LOWERING_DTYPES), "by_platform": map_summary(records)},
-      "models": models, "binaries": binaries})
+      "models": models, "gptj_sites": sites, "decode_bandwidth": lowering.gptj_decode_bandwidth(),
+      "binaries": binaries, "kept_binaries": lowering.kept_binaries()})
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 15, "Paired rounds (a dense scan and 
 _COPIES = flags.DEFINE_integer("copies", 0, "Distinct (V, M, W) triples cycled (0: from the "
                                "last-level cache size).")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weights and activations.")
-_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas"],
-                          "GSI map: XLA with the batch-1 switch, or the Pallas kernel.")
+_IMPL = flags.DEFINE_enum("impl", "auto", ["xla", "pallas", "auto"],
+                          "GSI map: auto (the Pallas kernel on a GPU, XLA with the batch-1 "
+                          "switch on cpu), xla, or pallas.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/linear.json", "JSON output.")
 EPS = 0.1
 

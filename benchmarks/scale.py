@@ -74,7 +74,8 @@ _DECODE_K = flags.DEFINE_integer("decode_k", 256, "k of the decode model's GSI."
 _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 16, "Tokens per timed decode.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed decodes: dense's median, and each point's "
                                 "paired rounds beside dense.")
-_IMPL = flags.DEFINE_enum("impl", "xla", ["xla", "pallas", "auto"], "GSI's gated map.")
+_IMPL = flags.DEFINE_enum("impl", "auto", ["xla", "pallas", "auto"], "GSI's gated map "
+                          "(auto: the kernel on a GPU, XLA on cpu).")
 _OUT = flags.DEFINE_string("out", None, "JSON output (default results/benchmarks/scale-SHAPE.json).")
 
 

@@ -193,7 +193,7 @@ def define_experiment_flags(**defaults) -> None:
       FLAGS.set_default(name, value)
     return
   d = {"model": DEFAULT_MODEL, "k": ["128", "256", "384"], "eps": ["0.05", "0.1", "0.2"],
-       "mode": ["gated"], "impl": "xla", "dtype": "float32",
+       "mode": ["gated"], "impl": "auto", "dtype": "float32",
        "calib_text_file": text.PYDOC_CALIB, "eval_text_file": text.PYDOC_EVAL,
        "calib_tokens": 16384, "eval_tokens": 8192, "seq_len": 256, "method": "eigh",
        "bases_dir": DEFAULT_BASES_DIR, "prompts_file": None, "max_new_tokens": 50, "out": None,
@@ -202,7 +202,8 @@ def define_experiment_flags(**defaults) -> None:
   flags.DEFINE_list("k", d["k"], "Subspace ranks (comma list).")
   flags.DEFINE_list("eps", d["eps"], "Gate thresholds on rho = |r|/|x| (comma list; inf allowed).")
   flags.DEFINE_list("mode", d["mode"], "Gate modes: gated, static, dense (comma list).")
-  flags.DEFINE_string("impl", d["impl"], "Gated map: xla, pallas (the kernel) or auto.")
+  flags.DEFINE_string("impl", d["impl"], "Fast paths: auto (the kernels on a GPU, XLA on cpu), "
+                      "xla, or pallas (the kernels everywhere, interpreted on cpu).")
   flags.DEFINE_string("dtype", d["dtype"], "Weights: float32, bfloat16 or float16.")
   flags.DEFINE_string("calib_text_file", d["calib_text_file"],
                       "Calibration text (file, pydoc:calibration, hf:dataset/config/split).")

@@ -31,7 +31,7 @@ from gsi_jax.loading.load import param_shapes
 from gsi_jax.models import ModelConfig
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Decoder, init_cache
-from gsi_jax.ops import kernel, make_gate, tiling
+from gsi_jax.ops import GatedWeights, gated_linear, kept_kernel, kernel, make_gate, tiling
 
 TRITON_CALL = "__gpu$xla.gpu.triton"  # jaxlib <= 0.10.2: carries the Triton IR
 TRITON_COMPILED_CALL = "triton_kernel_call_ffi"  # newer jaxlib: a kernel compiled at lowering
@@ -269,25 +269,102 @@ def compile_binary(call: TritonCall, arch: str) -> Binary:
                 occupancy=occupancy)
 
 
-def gated_matmul_export(platform: str, tokens: int, d: int, k: int, out: int, dtype,
-                        w_transposed: bool = False, m_cols: int | None = None) -> export.Exported:
+def gated_matmul_export(platform: str, tokens: int, d: int, k: int, out, dtype,
+                        w_transposed: bool = False, m_cols=None) -> export.Exported:
   """The kernel `ops.gated_matmul` runs on `platform` (`gated_matmul_on`, without the
-  platform dispatch around it), on abstract arguments of one map's shape, exported.
-  m_cols: M's stored columns when padded past out (a GSI LM head's)."""
+  platform dispatch around it), on abstract arguments of one site's shapes, exported.
+  out: one map's outputs or a sequence, one per map of the site; m_cols: M's stored
+  columns when padded past out (a GSI LM head's)."""
   arg = jax.ShapeDtypeStruct
-  args = (arg((tokens, d), dtype), arg((tokens, k), jnp.float32), arg((tokens,), jnp.bool_),
-          arg((k, m_cols or out), dtype), arg((out, d) if w_transposed else (d, out), dtype))
+  outs = (out,) if isinstance(out, int) else tuple(out)
+  Ms = tuple(arg((k, m_cols or o), dtype) for o in outs)
+  Ws = tuple(arg((o, d) if w_transposed else (d, o), dtype) for o in outs)
+  args = (arg((tokens, d), dtype), arg((tokens, k), dtype), arg((), jnp.float32), Ms, Ws)
   fn = jax.jit(lambda *a: kernel.gated_matmul_on(platform, *a, w_transposed=w_transposed))
   return export_for(fn, args, platform)
 
 
+# Ops XLA runs without a kernel of their own: shape changes, constants, and the platform
+# switch of `lax.platform_dependent` (a case on a constant index, which XLA folds away).
+FREE_OPS = frozenset({"stablehlo.reshape", "stablehlo.constant", "stablehlo.case",
+                      "stablehlo.return", "func.call", "func.return"})
+LAUNCH_OPS = frozenset({"stablehlo.custom_call", "stablehlo.dot_general"})
+
+
+def op_counts(exported: export.Exported) -> collections.Counter:
+  """How many times each StableHLO op appears in the exported program's text."""
+  return collections.Counter(re.findall(r"\b(stablehlo\.[a-z_]+|func\.call|func\.return)\b",
+                                        _text(exported)))
+
+
+def site_launches(exported: export.Exported) -> tuple[int, dict[str, int]]:
+  """(launches, other ops) of a gated site's program: its kernel calls and products each
+  launch; any other op that is not free (`FREE_OPS`) would be fused or launched by XLA
+  as it sees fit, so the count is exact only when there are none."""
+  ops = op_counts(exported)
+  others = {op: n for op, n in ops.items() if op not in FREE_OPS | LAUNCH_OPS}
+  return sum(ops[op] for op in LAUNCH_OPS), others
+
+
+def site_export(platform: str, tokens: int, d: int, outs, dtype, k: int = 256,
+                impl: str = "pallas", m_cols: int | None = None) -> export.Exported:
+  """One gated site as a model runs it, `gated_linear` (g = x V_k, the gate and every
+  map's output), on abstract weights of its shapes, exported for `platform`."""
+  arg = jax.ShapeDtypeStruct
+  W = tuple(arg((d, o), dtype) for o in outs)
+  M = tuple(arg((k, m_cols or o), dtype) for o in outs)
+  gate = make_gate(0.1, impl=impl, batch1_switch=True)
+  fn = jax.jit(lambda x, W, M, V, gate: gated_linear(
+      x, GatedWeights(list(W), V, list(M)), gate.eps, gate)[0])
+  return export_for(fn, (arg((1, tokens, d), dtype), W, M, arg((d, k), dtype), gate), platform)
+
+
+# GPT-J-6B's gated sites, (name, d, outputs of each map, M's padded columns): the attention
+# input (q, k, v and fc_in: its parallel block reads one normed input), out_proj, fc_out,
+# and its untied LM head (50400 outputs; a GSI head's M padded to 50432 columns).
+GPTJ_SITES = (("q, k, v, fc_in", 4096, (4096, 4096, 4096, 16384), None),
+              ("out_proj", 4096, (4096,), None), ("fc_out", 16384, (4096,), None),
+              ("lm_head", 4096, (50400,), 50432))
+
+
+def gptj_site_launches(platform: str, tokens: int = 1) -> list[dict]:
+  """Launches of each GPT-J site at `tokens` tokens per call, bf16, impl="pallas"."""
+  records = []
+  for name, d, outs, m_cols in GPTJ_SITES:
+    launches, others = site_launches(site_export(platform, tokens, d, outs, jnp.bfloat16,
+                                                 m_cols=m_cols))
+    records.append({"site": name, "platform": platform, "tokens": tokens, "d": d,
+                    "outs": list(outs), "launches": launches, "other_ops": others})
+  return records
+
+
+def gptj_decode_bandwidth() -> list[dict]:
+  """Each GPT-J site's decode tile on cuda and rocm, bf16: what it keeps in flight per SM or
+  CU (one program per unit at once) against what Little's law needs."""
+  records = []
+  for platform in ARCHES:
+    chip = tiling.CHIPS[platform]
+    for name, d, outs, m_cols in GPTJ_SITES:
+      lay = tiling.layout(tiling.plan_for(platform, 1), 1, d, LOWERING_K, outs,
+                          m_cols or 0)
+      records.append({"platform": platform, "chip": chip.name, "site": name, "d": d,
+                      "outs": list(outs), "block_o": lay.block_o, "block_d": lay.block_d,
+                      "block_k": lay.block_k, "splits": lay.splits, "programs": lay.programs,
+                      "in_flight_bytes_per_unit": tiling.bytes_in_flight(lay, 2, chip),
+                      "needed_bytes_per_unit": chip.needed_in_flight})
+  return records
+
+
 # Calls that exercise each GPU tile plan, (tokens, d, k, out, w_transposed) per regime:
-# GPT-J's narrowest map and its fc_out (a split reduction over 16384 rows), and GPT-2's
-# tied head (50257 rows of the table: a masked last block; M padded to 50304 columns).
+# GPT-J's attention input site (q, k, v and fc_in in one call), its fc_out (16384 rows),
+# and GPT-2's tied head (50257 rows of the table: a masked last block; M padded to 50304
+# columns); a batch of 2, 64 and a ragged 33 tokens; prefill past 64 tokens.
 PLAN_CASES = {
-    "decode": [(1, 4096, 256, 4096, False), (1, 16384, 256, 4096, False),
+    "decode": [(1, 4096, 256, (4096, 4096, 4096, 16384), False), (1, 16384, 256, 4096, False),
                (1, 768, 256, 50257, True)],
-    "prefill": [(16, 4096, 256, 4096, False), (2048, 4096, 256, 16384, False),
+    "batch": [(2, 4096, 256, (4096, 4096, 4096, 16384), False), (64, 16384, 256, 4096, False),
+              (33, 768, 256, 50257, True)],
+    "prefill": [(65, 4096, 256, 4096, False), (2048, 4096, 256, 16384, False),
                 (256, 768, 256, 50257, True)],
 }
 ARCHES = {"cuda": "sm_90", "rocm": "gfx942"}
@@ -303,17 +380,50 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
         for dtype in dtypes:
           plan = tiling.plan_for(platform, tokens)
           m_cols = P.head_m_columns(out) if transposed else None  # the head's padded M
-          lay = tiling.layout(plan, tokens, d, k, out, m_cols or 0)
+          lay = tiling.layout(plan, tokens, d, k, out, m_cols or 0, jnp.dtype(dtype).itemsize)
           [call] = triton_calls(gated_matmul_export(platform, tokens, d, k, out,
                                                     jnp.dtype(dtype), transposed, m_cols))
           binary = compile_binary(call, arch)
           records.append({
               "platform": platform, "arch": arch, "regime": regime, "dtype": dtype,
-              "tokens": tokens, "d": d, "k": k, "out": out, "w_transposed": transposed,
+              "tokens": tokens, "d": d, "k": k, "out": out if isinstance(out, int) else list(out),
+              "w_transposed": transposed,
               "block_t": lay.block_t, "block_o": lay.block_o, "block_d": lay.block_d,
               "block_k": lay.block_k, "splits": lay.splits, "grid": list(lay.grid),
               "programs": lay.programs, "w_tile_elements": lay.block_d * lay.block_o,
               "num_warps": call.num_warps, "num_stages": call.num_stages, **binary.as_dict()})
+          if progress:
+            progress(records[-1])
+  return records
+
+
+def kept_exports(platform: str, dtype, tokens: int = 1, d: int = 4096,
+                 outs=(14336, 14336)) -> dict[tuple[int, ...], export.Exported]:
+  """The kept-rows kernel at a site's maps (default: Llama-3-8B's gate and up, one call) and
+  the kept-dots kernel at the first (its up stored transposed), exported for `platform`;
+  keyed by the outputs each call serves."""
+  arg = jax.ShapeDtypeStruct
+  x, keep = arg((tokens, d), dtype), arg((tokens, d), jnp.bool_)
+  rows = export_for(jax.jit(lambda x, keep, Ws: kept_kernel.kept_rows_on(platform, x, keep, Ws)),
+                    (x, keep, tuple(arg((d, o), dtype) for o in outs)), platform)
+  dots = export_for(jax.jit(lambda x, keep, W: kept_kernel.kept_dots_on(platform, x, keep, W)),
+                    (x, arg((tokens, outs[0]), jnp.bool_), arg((outs[0], d), dtype)), platform)
+  return {tuple(outs): rows, tuple(outs[:1]): dots}
+
+
+def kept_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
+  """The kept-rows and kept-dots kernels (`kept_exports`) at 1 and 16 tokens compiled for
+  sm_90 and gfx942: grid and resources, one record each."""
+  records = []
+  for platform, arch in ARCHES.items():
+    for tokens in (1, 16):
+      for dtype in dtypes:
+        for outs, exported in kept_exports(platform, jnp.dtype(dtype), tokens).items():
+          [call] = triton_calls(exported)
+          records.append({"kernel": "kept_rows" if len(outs) > 1 else "kept_dots",
+                          "platform": platform, "arch": arch, "dtype": dtype, "tokens": tokens,
+                          "outs": list(outs), "grid": list(call.grid),
+                          **compile_binary(call, arch).as_dict()})
           if progress:
             progress(records[-1])
   return records
@@ -377,7 +487,8 @@ def lower_map(platform: str, tokens: int, d: int, out: int, dtype: str,
             "w_transposed": w_transposed, "kernel_calls": kernel_calls(exported, platform),
             "other_calls": foreign_calls(exported, platform),
             "interpreter_loops": interpreter_loops(exported),
-            "planned_grid": list(tiling.layout(plan, tokens, d, k, out).grid)}
+            "planned_grid": list(tiling.layout(plan, tokens, d, k, out,
+                                               itemsize=jnp.dtype(dtype).itemsize).grid)}
   if platform in ARCHES:
     record["launches"] = [{"grid": list(c.grid), "num_warps": c.num_warps,
                            "num_stages": c.num_stages} for c in triton_calls(exported)]
@@ -386,11 +497,13 @@ def lower_map(platform: str, tokens: int, d: int, out: int, dtype: str,
 
 
 def model_programs(config: ModelConfig, platform: str, impl: str, head_k: int = 0,
-                   tokens: int = 64) -> dict[str, export.Exported]:
+                   tokens: int = 64, params=None) -> dict[str, export.Exported]:
   """A GSI model's forward (`tokens` tokens) and one decode step (1 token, KV cache) at k =
-  256, bf16, exported for `platform` from abstract parameters: no weights, no calibration."""
+  256, bf16, exported for `platform` from abstract parameters: no weights, no calibration.
+  params: another method's abstract tree of the same model, exported instead."""
   dtype = jnp.bfloat16
-  params = gsi_shapes(param_shapes(config, dtype), LOWERING_K, head_k=head_k)
+  if params is None:
+    params = gsi_shapes(param_shapes(config, dtype), LOWERING_K, head_k=head_k)
   module = Decoder(config, dtype)
   gate = make_gate(0.1, impl=impl, batch1_switch=True, head_eps=0.1 if head_k else None)
   arg = jax.ShapeDtypeStruct
@@ -409,11 +522,18 @@ def gated_map_count(config: ModelConfig) -> int:
              for kernels in sites.values())
 
 
+def gated_site_count(config: ModelConfig) -> int:
+  """Sites of gated maps: one kernel call each (its maps share x and g)."""
+  shapes = param_shapes(config, jnp.bfloat16)
+  return sum(len(sites) for sites in P.site_kernels(shapes).values())
+
+
 def lower_model(config: ModelConfig, platform: str, impl: str, head_k: int = 0) -> dict:
   """Kernel calls and interpreter loops of a GSI model's forward and decode step."""
   programs = model_programs(config, platform, impl, head_k)
   return {"model": config.name, "platform": platform, "impl": impl, "gated_head": bool(head_k),
           "gated_maps": gated_map_count(config) + bool(head_k),
+          "gated_sites": gated_site_count(config) + bool(head_k),
           **{f"{name}_kernel_calls": kernel_calls(e, platform) for name, e in programs.items()},
           **{f"{name}_interpreter_loops": interpreter_loops(e) for name, e in programs.items()},
           **{f"{name}_other_calls": foreign_calls(e, platform) for name, e in programs.items()}}

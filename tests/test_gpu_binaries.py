@@ -40,7 +40,8 @@ def test_the_binaries_run_the_tile_plans(records):
   for r in records:
     plan = tiling.plan_for(r["platform"], r["tokens"])
     lay = tiling.layout(plan, r["tokens"], r["d"], r["k"], r["out"],
-                        P.head_m_columns(r["out"]) if r["w_transposed"] else 0)
+                        P.head_m_columns(r["out"]) if r["w_transposed"] else 0,
+                        jnp.dtype(r["dtype"]).itemsize)
     assert r["grid"] == list(lay.grid)
     assert (r["num_warps"], r["num_stages"]) == (plan.num_warps, plan.num_stages)
 

@@ -1,9 +1,13 @@
 """Whole GPU programs lower on this CPU: a GSI model's forward and decode step run one compiled
-kernel per gated map for cuda and rocm, the XLA decode step and the streaming calibration's
-device work carry nothing CPU-only (no host callback, no float64, no CPU library)."""
+kernel per gated site (every map that reads the site's input) for cuda and rocm, a decode
+step's gated site is two launches at GPT-J's shapes, and the XLA decode step and the
+streaming calibration's device work carry nothing CPU-only (no host callback, no float64,
+no CPU library)."""
 
 import dataclasses
 import functools
+import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -21,25 +25,39 @@ GPU = tuple(lowering.ARCHES)
 
 @pytest.mark.parametrize("platform", GPU)
 @pytest.mark.parametrize("impl", ["pallas", "auto"])
-def test_default_model_runs_one_kernel_per_gated_map(platform, impl):
-  """SmolLM2-135M: 210 gated maps (30 layers × q, k, v, o, gate, up, down), 210 compiled kernel
-  calls in the forward and in the decode step, one more with the gated LM head (pallas), and
-  no interpret mode."""
+def test_default_model_runs_one_kernel_per_gated_site(platform, impl):
+  """SmolLM2-135M: 210 gated maps (30 layers × q, k, v, o, gate, up, down) in 120 sites
+  (q, k, v; o; gate, up; down), 120 compiled kernel calls in the forward and in the decode
+  step, one more with the gated LM head (pallas), and no interpret mode."""
   config = ModelConfig.smollm2_135m()
   assert lowering.gated_map_count(config) == 210
   r = lowering.lower_model(config, platform, impl, head_k=256 if impl == "pallas" else 0)
   for program in ("forward", "decode_step"):
-    assert r[f"{program}_kernel_calls"] == r["gated_maps"] == 210 + r["gated_head"], r
+    assert r[f"{program}_kernel_calls"] == r["gated_sites"] == 120 + r["gated_head"], r
     assert r[f"{program}_interpreter_loops"] == 0 and r[f"{program}_other_calls"] == [], r
 
 
 @pytest.mark.parametrize("name", ["gptj", "opt", "gpt2"])
-def test_other_families_run_one_kernel_per_gated_map(name):
-  """GPT-J's parallel block (fc_in beside q, k, v), OPT's and GPT-2's tied heads; two layers."""
+def test_other_families_run_one_kernel_per_gated_site(name):
+  """GPT-J's parallel block (fc_in beside q, k, v: one site), OPT's and GPT-2's tied heads;
+  two layers."""
   config = {"gptj": ModelConfig.gptj_6b(), "opt": ModelConfig.opt_6_7b(),
             "gpt2": ModelConfig.gpt2_124m()}[name]
   r = lowering.lower_model(dataclasses.replace(config, n_layers=2), "cuda", "pallas", head_k=256)
-  assert r["forward_kernel_calls"] == r["decode_step_kernel_calls"] == r["gated_maps"] > 12
+  assert r["forward_kernel_calls"] == r["decode_step_kernel_calls"] == r["gated_sites"]
+  assert r["gated_sites"] == (7 if name == "gptj" else 9) < r["gated_maps"]
+
+
+@pytest.mark.parametrize("platform", GPU)
+def test_a_decode_site_is_two_launches(platform):
+  """At one token, each of GPT-J's gated sites and its GSI head is g = x V_k and one kernel
+  call, with nothing else that would need a kernel of its own: the gate is computed inside,
+  the maps of a site share the call, no split sum follows, a ragged last block is stored
+  masked.  Prefill's split reduction is summed by XLA: there the count grows, and says so."""
+  for r in lowering.gptj_site_launches(platform):
+    assert (r["launches"], r["other_ops"]) == (2, {}), r
+  prefill = lowering.gptj_site_launches(platform, tokens=16)
+  assert any(r["other_ops"].get("stablehlo.reduce") for r in prefill)
 
 
 def test_tpu_and_cpu_pick_their_own_kernels():
@@ -47,7 +65,7 @@ def test_tpu_and_cpu_pick_their_own_kernels():
   kernel in interpret mode and impl="auto" takes the XLA path (no kernel, no loop)."""
   config = dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2)
   tpu = lowering.lower_model(config, "tpu", "pallas")
-  assert tpu["forward_kernel_calls"] == tpu["decode_step_kernel_calls"] == 14
+  assert tpu["forward_kernel_calls"] == tpu["decode_step_kernel_calls"] == 8
   for program in lowering.model_programs(config, "cpu", "pallas", tokens=16).values():
     assert not lowering.custom_call_targets(program)[lowering.TRITON_CALL]
     assert lowering.interpreter_loops(program) > 0
@@ -106,3 +124,15 @@ def test_cpu_only_work_is_caught():
   with jax.enable_x64(True):
     wide = jax.jit(lambda x: (x.astype(jnp.float64) * 2).astype(jnp.float32))
     assert lowering.has_float64(lowering.export_for(wide, (arg,), "cuda"))
+
+
+def test_committed_site_figures_are_current():
+  """results/benchmarks/gpu_lowering.json (quoted in RESULTS.md and BUILD_NOTES.md) holds the
+  launches and the decode tiles' bytes in flight that the code gives today."""
+  path = os.path.join(os.path.dirname(__file__), "..", "results", "benchmarks",
+                      "gpu_lowering.json")
+  with open(path) as f:
+    saved = json.load(f)
+  assert saved["decode_bandwidth"] == lowering.gptj_decode_bandwidth()
+  assert saved["gptj_sites"] == [r for platform in GPU for tokens in (1, 16)
+                                 for r in lowering.gptj_site_launches(platform, tokens)]

@@ -1,5 +1,5 @@
-"""The Pallas gated matmul against its pure-JAX reference, its tile plans and byte model,
-and the gated-linear op's gate."""
+"""The Pallas gated matmul against its pure-JAX reference, its tile plans, byte model and
+bandwidth model, and the gated-linear op's gate."""
 
 import jax
 import jax.numpy as jnp
@@ -12,12 +12,13 @@ from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
                          gated_matmul_reference, tiling)
 from gsi_jax.ops.kernel import TOLERANCE, relative_error  # by dtype, beside its PRECISION
-# (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, the
-# reduction split across programs), a few tokens, 16 and 33 tokens (prefill plan: tensor-core
-# tiles, a ragged last token block), widths that are not multiples of 16, and the default
-# model's d = 576.
+# (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, output
+# blocks narrowed to fill the chip, a loop over row tiles), a few tokens, 16 and 33 tokens
+# (prefill plan: tensor-core tiles, the reduction split, a ragged last token block), widths
+# that are not multiples of 16, and the default model's d = 576.
 SHAPES = [(1, 100, 24, 200), (1, 1000, 40, 72), (5, 96, 24, 200), (16, 128, 32, 128),
-          (33, 100, 16, 48), (1, 576, 256, 192), (3, 1024, 256, 512), (20, 1000, 48, 130)]
+          (33, 100, 16, 48), (1, 576, 256, 192), (3, 1024, 256, 512), (20, 1000, 48, 130),
+          (1, 3000, 40, 100)]
 GATES = {"all_slow": 0.0, "mixed": 0.1, "all_fast": float("inf")}
 GPU_PLATFORMS = ("cuda", "rocm")
 
@@ -48,15 +49,26 @@ def assert_close(y, y_ref, dtype):
   assert relative_error(y, y_ref) <= TOLERANCE[jnp.dtype(dtype)]
 
 
+def assert_same_call(got, want, dtype):
+  """Two (ys, fast_T) results agree: the same gate, every map's outputs within tolerance."""
+  (ys, fast), (ys_ref, fast_ref) = got, want
+  np.testing.assert_array_equal(np.asarray(fast), np.asarray(fast_ref))
+  assert len(ys) == len(ys_ref)
+  for y, y_ref in zip(ys, ys_ref):
+    assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
+    assert_close(y, y_ref, dtype)
+
+
 def test_cases_cover_the_gpu_plans():
-  """The shapes above reach every branch of the GPU layouts: split reductions, masked rows,
-  columns and tokens, both regimes."""
+  """The shapes above reach every branch of the GPU layouts: narrowed output blocks and
+  loops over tiles (decode), split reductions (prefill), masked rows, columns and tokens."""
   for platform in GPU_PLATFORMS:
     lays = [tiling.layout(tiling.plan_for(platform, T), T, D, K, O) for T, D, K, O in SHAPES]
-    assert any(l.splits > 1 and l.block_t == 1 for l in lays)
+    assert any(l.block_o < l.plan.block_o and l.block_t == 1 for l in lays)  # narrowed
+    assert any(l.d_chunk > l.block_d and l.block_t == 1 for l in lays)  # a loop over tiles
     assert any(l.splits > 1 and l.block_t > 1 for l in lays)
     assert any(l.mask_d for l in lays) and any(l.mask_k for l in lays)
-    assert any(l.mask_out for l in lays)
+    assert any(any(l.mask_outs) for l in lays)
     assert any(l.tokens % l.block_t for l in lays)
 
 
@@ -65,16 +77,45 @@ def test_cases_cover_the_gpu_plans():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_interpreted_plans_match_reference(platform, shape, dtype):
   """Each platform's own tile plan, run in interpret mode, equals the reference (all slow,
-  mixed and all fast: the gate is an input, so one compiled program serves all three)."""
+  mixed and all fast: ε is an input, so one compiled program serves all three), with a
+  second map of the site sharing the call."""
   x, V, M, W = problem(*shape, dtype)
   g = x @ V
-  run = jax.jit(lambda fast: gated_matmul_on(platform, x, g, fast, M, W, interpret=True))
+  Ms, Ws = [M, M[:, :48]], [W, W[:, :48]]
+  run = jax.jit(lambda eps: gated_matmul_on(platform, x, g, eps, Ms, Ws, interpret=True))
   for label, eps in GATES.items():
-    fast = gate_mask(x, g, eps)
-    check_labels(label, np.asarray(fast), shape[0])
-    y = run(fast)
-    assert y.shape == (shape[0], shape[3]) and y.dtype == dtype
-    assert_close(y, gated_matmul_reference(x, g, fast, M, W), dtype)
+    want = gated_matmul_reference(x, g, eps, Ms, Ws)
+    check_labels(label, np.asarray(want[1]), shape[0])
+    assert_same_call(run(eps), want, dtype)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+def test_thresholds_per_token_steer_the_gate(platform):
+  """ε per token: ∞ makes a token fast, 0 slow, whatever its subspace residual."""
+  x, V, M, W = problem(7, 200, 24, 96, jnp.float32, seed=6)
+  g = x @ V
+  fast = np.array([1, 0, 0, 1, 1, 0, 1], bool)
+  eps = jnp.where(jnp.asarray(fast), jnp.inf, 0.0)
+  got = gated_matmul_on(platform, x, g, eps, [M], [W], interpret=True)
+  np.testing.assert_array_equal(np.asarray(got[1]), fast)
+  assert_same_call(got, gated_matmul_reference(x, g, eps, [M], [W]), jnp.float32)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+def test_site_of_ragged_maps_in_one_call(platform):
+  """Maps of unequal widths (Llama's q, k, v under grouped-query attention; none a multiple
+  of a block) share one call: each program reads and writes its own map's blocks only."""
+  x, V, M, W = problem(3, 160, 32, 400, jnp.float32, seed=8)
+  g = x @ V
+  Ms, Ws = [M[:, :200], M[:, 200:264], M[:, 264:]], [W[:, :200], W[:, 200:264], W[:, 264:]]
+  lay = tiling.layout(tiling.plan_for(platform, 3), 3, 160, 32, (200, 64, 136))
+  assert lay.map_starts[1] > 0 and lay.out_blocks == sum(lay.map_blocks)
+  for eps in GATES.values():
+    got = gated_matmul_on(platform, x, g, eps, Ms, Ws, interpret=True)
+    assert_same_call(got, gated_matmul_reference(x, g, eps, Ms, Ws), jnp.float32)
+    np.testing.assert_allclose(np.concatenate([np.asarray(y) for y in got[0]], 1),
+                               np.asarray(gated_matmul_reference(x, g, eps, [M], [W])[0][0]),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("platform", tiling.PLATFORMS)
@@ -83,53 +124,75 @@ def test_tied_head_with_ragged_vocabulary(platform, tokens):
   """A tied head passes its (vocab, d) table as stored; 301 rows fill no block."""
   x, V, M, W = problem(tokens, 96, 32, 301, jnp.float32, seed=2)
   g = x @ V
-  fast = gate_mask(x, g, 0.1)
-  y = gated_matmul_on(platform, x, g, fast, M, W.T, w_transposed=True, interpret=True)
-  assert_close(y, gated_matmul_reference(x, g, fast, M, W), jnp.float32)
+  got = gated_matmul_on(platform, x, g, 0.1, [M], [W.T], w_transposed=True, interpret=True)
+  assert_same_call(got, gated_matmul_reference(x, g, 0.1, [M], [W]), jnp.float32)
   # A GSI head's M as stored: zero columns up to the next multiple of 64 (320), read
   # unmasked and dropped from y.
   M_padded = jnp.pad(M, ((0, 0), (0, P.head_m_columns(301) - 301)))
-  y_padded = gated_matmul_on(platform, x, g, fast, M_padded, W.T, w_transposed=True,
-                             interpret=True)
-  assert y_padded.shape == (tokens, 301)
-  assert_close(y_padded, gated_matmul_reference(x, g, fast, M_padded, W.T, w_transposed=True),
-               jnp.float32)
-  assert_close(y_padded, y, jnp.float32)
+  padded = gated_matmul_on(platform, x, g, 0.1, [M_padded], [W.T], w_transposed=True,
+                           interpret=True)
+  assert padded[0][0].shape == (tokens, 301)
+  assert_same_call(padded, gated_matmul_reference(x, g, 0.1, [M_padded], [W.T],
+                                                  w_transposed=True), jnp.float32)
+  assert_close(padded[0][0], got[0][0], jnp.float32)
 
 
 def test_cpu_runs_the_cuda_plan_interpreted():
   """`gated_matmul` lowered for cpu is exactly the cuda plan in interpret mode."""
   x, V, M, W = problem(3, 1000, 40, 72, jnp.float32, seed=4)
   g = x @ V
-  fast = gate_mask(x, g, 0.1)
-  np.testing.assert_array_equal(np.asarray(gated_matmul(x, g, fast, M, W)),
-                                np.asarray(gated_matmul_on("cuda", x, g, fast, M, W,
-                                                           interpret=True)))
+  (y,), fast = gated_matmul(x, g, 0.1, [M], [W])
+  (y_cuda,), fast_cuda = gated_matmul_on("cuda", x, g, 0.1, [M], [W], interpret=True)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(y_cuda))
+  np.testing.assert_array_equal(np.asarray(fast), np.asarray(fast_cuda))
 
 
 def test_tile_sizes_do_not_change_results():
   x, V, M, W = problem(40, 96, 24, 300, jnp.float32, seed=3)
   g = x @ V
-  fast = gate_mask(x, g, 0.1)
   small = tiling.TilePlan(16, 16, 16, 16, min_programs=64)
   large = tiling.TilePlan(32, 256, 512, 128)
-  a = gated_matmul_on("cuda", x, g, fast, M, W, plan=small, interpret=True)
-  b = gated_matmul_on("cuda", x, g, fast, M, W, plan=large, interpret=True)
+  narrowed = tiling.TilePlan(1, 128, 16, 16, min_programs=1024, min_block_o=16)
+  a = gated_matmul_on("cuda", x, g, 0.1, [M], [W], plan=small, interpret=True)
   assert tiling.layout(small, 40, 96, 24, 300).splits > 1
-  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+  assert tiling.layout(narrowed, 40, 96, 24, 300).block_o == 16
+  for plan in (large, narrowed):
+    b = gated_matmul_on("cuda", x, g, 0.1, [M], [W], plan=plan, interpret=True)
+    np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
+    np.testing.assert_allclose(np.asarray(a[0][0]), np.asarray(b[0][0]), rtol=1e-5, atol=1e-5)
 
 
 # GPT-J-6B's maps (d, O) at k = 256: q/k/v and attn_out, fc_in, fc_out.
 GPTJ_MAPS = [(4096, 4096), (4096, 16384), (16384, 4096)]
-MIN_PROGRAMS = {"cuda": 2 * 132, "rocm": 2 * 304}  # 2 per SM (H200) or CU (MI300X)
+# Gated sites (d, the outputs of each map): GPT-J's attention input (q, k, v and fc_in, its
+# parallel block), out_proj and fc_out; Llama-3-8B's q, k, v (grouped), gate and up, down.
+SITES = {"gptj": [(4096, (4096,) * 3 + (16384,)), (4096, (4096,)), (16384, (4096,))],
+         "llama-3-8b": [(4096, (4096, 1024, 1024)), (4096, (14336, 14336)), (14336, (4096,))]}
 
 
 @pytest.mark.parametrize("platform", GPU_PLATFORMS)
-@pytest.mark.parametrize("tokens", [1, 16])
-def test_decode_grid_fills_the_chip(platform, tokens):
+@pytest.mark.parametrize("model", list(SITES))
+def test_decode_tiles_keep_enough_bytes_in_flight(platform, model):
+  """Little's law at one token: each decode site, one call with no split reduction, keeps at
+  least bandwidth × latency / units bytes of bf16 weights in flight per SM or CU, with a
+  program for nearly every SM or CU (at least 128: a 4096-output map in 32-column blocks)."""
+  chip = tiling.CHIPS[platform]
+  for d, outs in SITES[model]:
+    lay = tiling.layout(tiling.plan_for(platform, 1), 1, d, 256, outs)
+    assert lay.splits == 1 and lay.programs >= 128, (d, outs, lay.grid)
+    assert tiling.bytes_in_flight(lay, 2, chip) >= chip.needed_in_flight, (d, outs, lay)
+  # The check can fail: the 64 × 64 tiles of a split reduction keep 8 KB per unit.
+  split = tiling.layout(tiling.TilePlan(1, 64, 64, 32, 2 * chip.units), 1, 4096, 256, 4096)
+  assert split.splits > 1
+  assert tiling.bytes_in_flight(split, 2, chip) == 8192 < chip.needed_in_flight
+
+
+@pytest.mark.parametrize("platform", GPU_PLATFORMS)
+def test_prefill_grid_fills_the_chip(platform):
+  """16 tokens and more: tensor-core tiles, the reduction split until 2 programs per unit."""
   for d, out in GPTJ_MAPS:
-    lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, d, 256, out)
-    assert lay.programs >= MIN_PROGRAMS[platform], (d, out, lay.grid)
+    lay = tiling.layout(tiling.plan_for(platform, 16), 16, d, 256, out)
+    assert lay.programs >= 2 * tiling.CHIPS[platform].units, (d, out, lay.grid)
     assert lay.splits * lay.d_chunk >= d > (lay.splits - 1) * lay.d_chunk  # no empty split
 
 
@@ -148,12 +211,12 @@ def test_byte_model_is_the_byte_formula(platform, d, out):
   for fast in ([0], [1], [1, 0, 0, 1, 1, 1, 0, 1]):
     T = len(fast)
     lay = tiling.layout(tiling.plan_for(platform, T), T, d, k, out)
-    assert lay.block_t == 1 or platform == "tpu"
     per_token = sum(mbytes.gated_map_elements(d, out, k, f * k, f) for f in fast)
     read = tiling.weight_elements_read(lay, fast) + T * d * k
-    if lay.block_t == 1:
+    if T == 1:
       assert read == per_token
-    else:  # the TPU plan's 16-token block reads each of M and W once for the call
+    else:  # one block of tokens reads each of M and W once for the call
+      assert lay.token_blocks == 1
       assert read == T * d * k + (k * out if any(fast) else 0) + (d * out if not all(fast) else 0)
   T = 100
   lay = tiling.layout(tiling.plan_for(platform, T), T, d, k, out)
@@ -163,6 +226,25 @@ def test_byte_model_is_the_byte_formula(platform, d, out):
   assert tiling.weight_elements_read(lay, slow) == lay.token_blocks * d * out
   assert tiling.weight_elements_read(lay, fast) == lay.token_blocks * k * out
   assert tiling.weight_elements_read(lay, mixed) == lay.token_blocks * k * out + d * out
+
+
+@pytest.mark.parametrize("platform", GPU_PLATFORMS)
+def test_no_weight_tile_is_read_twice_up_to_64_tokens(platform):
+  """At every token count from 1 to 64 and any gate pattern a call reads each weight at most
+  once: (any token fast) k O + (any token slow) d O elements, exactly (GPT-J's attention
+  input site, nothing padded).  Past 64 tokens (prefill) each 32-token block reads its own."""
+  d, k, outs = 4096, 256, (4096, 4096, 4096, 16384)
+  O = sum(outs)
+  rng = np.random.default_rng(0)
+  for T in range(1, 65):
+    lay = tiling.layout(tiling.plan_for(platform, T), T, d, k, outs)
+    patterns = [np.zeros(T, bool), np.ones(T, bool), np.arange(T) == T - 1,
+                rng.random(T) < 0.5, rng.random(T) < 0.9]
+    for fast in patterns:
+      bound = k * O * fast.any() + d * O * (~fast).any()
+      assert tiling.weight_elements_read(lay, fast) == bound, (T, fast)
+  lay = tiling.layout(tiling.plan_for(platform, 65), 65, d, k, outs)
+  assert tiling.weight_elements_read(lay, np.zeros(65, bool)) == 3 * d * O
 
 
 def _has_gpu():
@@ -181,18 +263,17 @@ class TestCompiledOnGPU:
   def test_matches_reference(self, shape, dtype):
     x, V, M, W = problem(*shape, dtype)
     g = x @ V
+    Ms, Ws = [M, M[:, :48]], [W, W[:, :48]]
     for label, eps in GATES.items():
-      fast = gate_mask(x, g, eps)
-      check_labels(label, np.asarray(fast), shape[0])
-      assert_close(gated_matmul(x, g, fast, M, W), gated_matmul_reference(x, g, fast, M, W),
-                   dtype)
+      want = gated_matmul_reference(x, g, eps, Ms, Ws)
+      check_labels(label, np.asarray(want[1]), shape[0])
+      assert_same_call(gated_matmul(x, g, eps, Ms, Ws), want, dtype)
 
   def test_tied_head(self):
     x, V, M, W = problem(9, 96, 32, 301, jnp.float32, seed=2)
     g = x @ V
-    fast = gate_mask(x, g, 0.1)
-    assert_close(gated_matmul(x, g, fast, M, W.T, w_transposed=True),
-                 gated_matmul_reference(x, g, fast, M, W), jnp.float32)
+    assert_same_call(gated_matmul(x, g, 0.1, [M], [W.T], w_transposed=True),
+                     gated_matmul_reference(x, g, 0.1, [M], [W]), jnp.float32)
 
   @pytest.mark.parametrize("tokens", [1, 16, 256])
   @pytest.mark.parametrize("d, out", GPTJ_MAPS)
@@ -201,9 +282,8 @@ class TestCompiledOnGPU:
     x, V, M, W = problem(tokens, d, 256, out, jnp.bfloat16)
     g = x @ V
     for eps in GATES.values():
-      fast = gate_mask(x, g, eps)
-      assert_close(gated_matmul(x, g, fast, M, W), gated_matmul_reference(x, g, fast, M, W),
-                   jnp.bfloat16)
+      assert_same_call(gated_matmul(x, g, eps, [M], [W]),
+                       gated_matmul_reference(x, g, eps, [M], [W]), jnp.bfloat16)
 
 
 def test_gate_mask_equals_numpy_residual_ratio():

@@ -51,9 +51,10 @@ def thresholds_ok(name: str):
 
 
 CPU_KEPT_ROWS = "kept_rows_matmul: the C++ kernel through XLA's FFI (float32), else XLA's gather"
-GPU_KEPT_ROWS = "XLA's gather of the kept rows (no GPU kernel yet)"
+GPU_KEPT_ROWS = "kept_kernel.kept_rows, the Pallas kernel in Triton (impl pallas or auto)"
+TPU_KEPT_ROWS = "the masked product in XLA (Mosaic has no masked loads)"
 KEPT_ROWS = {"cpu": CPU_KEPT_ROWS, "cuda": GPU_KEPT_ROWS, "rocm": GPU_KEPT_ROWS,
-             "tpu": GPU_KEPT_ROWS}
+             "tpu": TPU_KEPT_ROWS}
 GATED = {"cpu": "gated_linear, impl xla: the batch-1 lax.switch (V_k and M, or V_k and W)",
          "cuda": "gated_matmul, the Pallas kernel in Triton (impl pallas or auto)",
          "rocm": "gated_matmul, the Pallas kernel in Triton (impl pallas or auto)",

@@ -18,8 +18,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from gsi_jax.ops import kept_kernel
 from gsi_jax.ops.gate import Gate
-from gsi_jax.ops.sparse_rows import kept_dots, reads_kept_rows
+from gsi_jax.ops.sparse_rows import by_impl, kept_dots, reads_kept_rows
 
 
 def cats_gated_linear(x_BTD: jax.Array, W_gate_DF: jax.Array, W_up_DF: jax.Array,
@@ -27,12 +28,20 @@ def cats_gated_linear(x_BTD: jax.Array, W_gate_DF: jax.Array, W_up_DF: jax.Array
                       act: Callable[[jax.Array], jax.Array],
                       gate: Gate | None) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(x W_gate, x W_up with the dropped channels zeroed, the kept mask (B, T, F)).
-  W_up_FD is W_up transposed: at batch 1 under gate.batch1_switch only its kept rows
-  are read; elsewhere the masked product reads W_up_DF."""
+  W_up_FD is W_up transposed: through the Pallas kernel (`by_impl`) only the rows some
+  token keeps are read, at any batch; on XLA, at batch 1 under gate.batch1_switch only
+  its kept rows, elsewhere the masked product reads W_up_DF."""
   gate_BTF = x_BTD @ W_gate_DF
   keep_BTF = jnp.abs(act(gate_BTF)) >= threshold
-  if reads_kept_rows(x_BTD, gate):
-    up_BTF = kept_dots(x_BTD.reshape(-1), keep_BTF.reshape(-1), W_up_FD).reshape(1, 1, -1)
-  else:
-    up_BTF = jnp.where(keep_BTF, x_BTD @ W_up_DF, 0)
-  return gate_BTF, up_BTF, keep_BTF
+  d, f = x_BTD.shape[-1], keep_BTF.shape[-1]
+
+  def kernel():
+    return kept_kernel.kept_dots(x_BTD.reshape(-1, d), keep_BTF.reshape(-1, f),
+                                 W_up_FD).reshape(keep_BTF.shape)
+
+  def xla():
+    if reads_kept_rows(x_BTD, gate):
+      return kept_dots(x_BTD.reshape(-1), keep_BTF.reshape(-1), W_up_FD).reshape(1, 1, -1)
+    return jnp.where(keep_BTF, x_BTD @ W_up_DF, 0)
+
+  return gate_BTF, by_impl(gate, kernel, xla), keep_BTF

@@ -31,11 +31,12 @@ class Gate:
   "dense" (ignore the bases) or "soft" (for learning per-site budgets,
   `gsi_jax.allocation`: the hard gate and threshold in the forward pass, with
   the gradients of their smooth versions `soft_fast` and `soft_keep`).
-  impl: "xla" (a masked select; with batch1_switch a lax.switch that runs only
-  the branch the gate picks), "pallas" (the kernel reads M's or W's tiles
-  only as the gate requires; Triton on cuda and rocm, Mosaic on tpu, interpret
-  mode on cpu) or "auto" (pallas, but xla where the program is lowered for
-  cpu); each chosen by the platform the program is lowered for.
+  impl: "auto" (the default: the Pallas kernels where the program is lowered for
+  a GPU or TPU, xla where it is lowered for cpu), "xla" (a masked select; with
+  batch1_switch a lax.switch that runs only the branch the gate picks) or
+  "pallas" (the kernels everywhere: they read M's or W's tiles, or W's kept
+  rows, only as the tokens require; Triton on cuda and rocm, Mosaic on tpu,
+  interpret mode on cpu); each chosen by the platform the program is lowered for.
   batch1_switch: on "xla", branch on the call's gate pattern (all fast, mixed,
   all slow), which skips W's bytes when every token is fast: at batch-1
   decoding, one token per call, that is every fast step.
@@ -43,7 +44,7 @@ class Gate:
   eps: jax.Array
   head_eps: jax.Array | None = None
   mode: str = flax.struct.field(pytree_node=False, default="gated")
-  impl: str = flax.struct.field(pytree_node=False, default="xla")
+  impl: str = flax.struct.field(pytree_node=False, default="auto")
   batch1_switch: bool = flax.struct.field(pytree_node=False, default=False)
 
 
@@ -64,7 +65,7 @@ def check_impl(impl: str) -> str:
   return impl
 
 
-def make_gate(eps: float, mode: str = "gated", *, impl: str = "xla", batch1_switch: bool = False,
+def make_gate(eps: float, mode: str = "gated", *, impl: str = "auto", batch1_switch: bool = False,
               head_eps: float | None = None) -> Gate:
   if mode not in MODES:
     raise GSIError(f"gate mode {mode!r} is not one of {MODES}")

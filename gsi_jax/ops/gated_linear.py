@@ -10,10 +10,11 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
   "xla": a masked select (both branches computed), or with gate.batch1_switch
          a three-way lax.switch on the call's gate pattern, which at one token
          per call reads V_k and M, or V_k and W;
-  "pallas": `gsi_jax.ops.kernel.gated_matmul`, which reads M's or W's tiles
+  "pallas": `gsi_jax.ops.kernel.gated_matmul`, one call for every map of the
+         site, which computes the gate from x and g and reads M's or W's tiles
          only for the tokens that need them (compiled on cuda, rocm and tpu,
          interpreted on cpu);
-  "auto": "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
+  "auto" (the default): "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
          (`lax.platform_dependent`: the choice follows the lowering platform,
          not the machine that traces).  The rank ladder and the output-aware
          gate run on "xla" only: "pallas" refuses them, "auto" takes "xla".
@@ -60,12 +61,13 @@ def fast_matmul(g_BTK: jax.Array, M: jax.Array, W: jax.Array, W_transposed: bool
   return y if M.shape[1] == out else y[..., :out]
 
 
-def _pallas(x_BTD, g_BTK, fast_BT, weights: GatedWeights):
+def _pallas(x_BTD, g_BTK, eps, weights: GatedWeights):
+  """Every map of the site in one kernel call, which computes the gate itself."""
   lead = x_BTD.shape[:-1]
   x_TD, g_TK = x_BTD.reshape(-1, x_BTD.shape[-1]), g_BTK.reshape(-1, g_BTK.shape[-1])
-  return [kernel.gated_matmul(x_TD, g_TK, fast_BT.reshape(-1), M, W,
-                              w_transposed=weights.W_transposed).reshape(*lead, -1)
-          for W, M in zip(weights.W, weights.M)]
+  ys, fast_T = kernel.gated_matmul(x_TD, g_TK, eps, weights.M, weights.W,
+                                   w_transposed=weights.W_transposed)
+  return [y.reshape(*lead, -1) for y in ys], fast_T.reshape(lead)
 
 
 def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: Gate):
@@ -85,6 +87,7 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
           + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
           for W, M in zip(weights.W, weights.M)]
     return ys, w_BT1[..., 0], rank_BT
+  fast_BT = None  # the plain gate: computed by the path below (the kernel computes its own)
   if gate.mode == "static":
     fast_BT = jnp.ones(x_BTD.shape[:-1], bool)
   elif weights.rungs is not None:
@@ -93,20 +96,25 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     g_BTK = jnp.where(column_BTK < rank_BT[..., None], g_BTK, 0)
   elif weights.sketch is not None:
     fast_BT = output_gate_mask(x_BTD, g_BTK, *weights.sketch, eps)
-  else:
-    fast_BT = gate_mask(x_BTD, g_BTK, eps)
+
+  def xla():
+    fast = gate_mask(x_BTD, g_BTK, eps) if fast_BT is None else fast_BT
+    return _xla(x_BTD, g_BTK, fast, weights, gate), fast
+
+  def pallas():
+    ys, fast = _pallas(x_BTD, g_BTK, jnp.inf if gate.mode == "static" else eps, weights)
+    return ys, fast if fast_BT is None else fast_BT
 
   xla_only = weights.rungs is not None or weights.sketch is not None
   if gate.impl == "pallas":
     if xla_only:
       raise GSIError("the rank ladder and the output-aware gate run on impl='xla' only")
-    return _pallas(x_BTD, g_BTK, fast_BT, weights), fast_BT, rank_BT
-  if gate.impl == "auto" and not xla_only:
-    ys = lax.platform_dependent(
-        cpu=lambda: _xla(x_BTD, g_BTK, fast_BT, weights, gate),
-        default=lambda: _pallas(x_BTD, g_BTK, fast_BT, weights))
-    return ys, fast_BT, rank_BT
-  return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
+    ys, fast_BT = pallas()
+  elif gate.impl == "auto" and not xla_only:
+    ys, fast_BT = lax.platform_dependent(cpu=xla, default=pallas)
+  else:
+    ys, fast_BT = xla()
+  return ys, fast_BT, rank_BT
 
 
 def _xla(x_BTD, g_BTK, fast_BT, weights: GatedWeights, gate: Gate):

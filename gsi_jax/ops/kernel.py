@@ -1,19 +1,22 @@
-"""The gated matrix product as a Pallas kernel, beside its pure-JAX reference.
+"""The gated matrix product of one site as a Pallas kernel, beside its pure-JAX reference.
 
-    y_t = g_t M   where token t is fast,   y_t = x_t W   where it is slow.
+    fast_t = ‖x_t‖² − ‖g_t‖² < ε² ‖x_t‖²,   y_it = g_t M_i  where token t is fast,
+                                           y_it = x_t W_i  where it is slow,
 
-g = x V_k and the gate are computed once per token before the kernel (one read
-of V_k; see `gsi_jax.ops.gated_linear`), so each program only streams weights.
-A program owns block_t tokens × block_o outputs × one split of the reduction
-dimension, loops over its split in tiles (block_k rows of M, block_d rows of W),
-and reads M's tiles only when one of its tokens is fast and W's only when one
-is slow (`lax.cond`), so padded tokens never cause a read.  `gsi_jax.ops.tiling`
-holds the tile plans, one table per platform, and the byte model.
+for every map i of a site (q, k and v; gate and up), which share x and g.  g = x V_k
+is computed before the kernel (one read of V_k; see `gsi_jax.ops.gated_linear`); the
+kernel computes the gate itself from x and g, so a decode step's gated site is two
+launches, the product and the kernel.  A program owns block_t tokens × block_o
+outputs of one map × one split of the reduction dimension, loops over its split
+in tiles (block_k rows of M, block_d rows of W), and reads M's tiles only when one
+of its tokens is fast and W's only when one is slow (`lax.cond`), so padded tokens
+never cause a read.  `gsi_jax.ops.tiling` holds the tile plans, one table per
+platform, and the byte and bandwidth models.
 
 `gated_matmul` picks the kernel by the platform it is lowered for
-(`lax.platform_dependent`), not by the machine it is traced on: Triton on cuda
-and rocm, Mosaic on tpu, and interpret mode of the cuda plan on cpu, so the
-tests here run the tiles a GPU runs.
+(`lax.platform_dependent`), not by the machine it is traced on: Triton on cuda and
+rocm, Mosaic on tpu, and interpret mode of the cuda plan on cpu, so the tests here
+run the tiles a GPU runs.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as pltriton
 
 from gsi_jax.ops import tiling
+from gsi_jax.ops.gate import gate_mask
+from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, store
 
 FAST, SLOW, PADDING = 1, 0, -1
 INTERPRETED_PLAN = "cuda"  # the plan cpu runs in interpret mode
@@ -47,86 +51,110 @@ def relative_error(y, y_ref) -> float:
   return float(jnp.abs(y - y_ref).max() / jnp.maximum(jnp.abs(y_ref).max(), 1e-30))
 
 
-def gated_matmul_reference(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
-  """Pure JAX, same signature: both products, then a per-token select (g in M's dtype as
-  the kernel takes it, then float32 math at IEEE precision).
+def gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False):
+  """Pure JAX, same signature: the gate (`gate_mask`), both products of every map, then
+  a per-token select (g in M's dtype as the kernel takes it, then float32 math at IEEE
+  precision).  Returns ([y_i (T, O_i)], fast_T).
 
-  W is (d, O), or (O, d) when w_transposed (a tied LM head reads its table).
+  eps: a threshold, or one per token (T,).  W is (d, O), or (O, d) when w_transposed
+  (a tied LM head reads its table); M may hold zero columns past W's outputs.
   """
   f32 = lambda a: a.astype(jnp.float32)
-  O = W.shape[0] if w_transposed else W.shape[1]
-  y_fast = jnp.dot(f32(g_TK.astype(M_KO.dtype)), f32(M_KO), precision=PRECISION)[:, :O]
+  fast_T = gate_mask(x_TD, g_TK, eps)
   dims = (((1,), (1,)), ((), ())) if w_transposed else (((1,), (0,)), ((), ()))
-  y_slow = lax.dot_general(f32(x_TD), f32(W), dims, precision=PRECISION)
-  return jnp.where(fast_T[:, None], y_fast, y_slow).astype(x_TD.dtype)
+  ys = []
+  for M, W in zip(Ms, Ws):
+    O = W.shape[0] if w_transposed else W.shape[1]
+    y_fast = jnp.dot(f32(g_TK.astype(M.dtype)), f32(M), precision=PRECISION)[:, :O]
+    y_slow = lax.dot_general(f32(x_TD), f32(W), dims, precision=PRECISION)
+    ys.append(jnp.where(fast_T[:, None], y_fast, y_slow).astype(x_TD.dtype))
+  return ys, fast_T
 
 
-def _load(ref, index, mask):
-  """ref[index], with masked-off lanes read as zero (and not read at all on a GPU)."""
-  if mask is None:
-    return ref[index]
-  return pltriton.load(ref.at[index], mask=mask, other=0)
+def _gate_state(eps_ref, xn_ref, gn_ref, i, lay: tiling.CallLayout):
+  """(block_t, 1): FAST, SLOW or PADDING per token, from its whole rows of x and g."""
+  bt = lay.block_t
+
+  def sum_squares(ref, width, block, total):
+    def body(c, acc):
+      r0 = pl.multiple_of(c * block, block)
+      ok = (r0 + iota(block) < total) if width != total else None
+      a = load(ref, (slice(None), pl.ds(r0, block)), mask(None, ok, (bt, block)))
+      a = a.astype(jnp.float32)
+      return acc + jnp.sum(a * a, axis=1, keepdims=True)
+    return lax.fori_loop(0, width // block, body, jnp.zeros((bt, 1), jnp.float32))
+
+  xx = sum_squares(xn_ref, lay.splits * lay.d_chunk, lay.block_d, lay.padded_d)
+  gg = sum_squares(gn_ref, lay.splits * lay.k_chunk, lay.block_k, lay.padded_k)
+  eps = eps_ref[...].astype(jnp.float32)
+  fast = (xx - gg < eps * eps * xx) & (eps > 0)  # `gate_mask`, per token
+  token = i * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
+  return jnp.where(token < lay.tokens, jnp.where(fast, FAST, SLOW), PADDING).astype(jnp.int32)
 
 
-def _iota(n: int) -> jax.Array:
-  return lax.broadcasted_iota(jnp.int32, (n,), 0)
-
-
-def _mask(rows_ok, cols_ok, shape):
-  """A 2-D load mask from optional per-row and per-column masks (None: nothing masked)."""
-  masks = [jnp.broadcast_to(m, shape) for m in
-           (None if rows_ok is None else rows_ok[:, None],
-            None if cols_ok is None else cols_ok[None, :]) if m is not None]
-  return None if not masks else masks[0] if len(masks) == 1 else masks[0] & masks[1]
-
-
-def _kernel(state_ref, x_ref, g_ref, M_ref, W_ref, y_ref, *, lay: tiling.CallLayout,
+def _kernel(eps_ref, xn_ref, gn_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout,
             w_transposed: bool):
-  j, s = pl.program_id(1), pl.program_id(2)
-  state = state_ref[...]  # (block_t, 1): FAST, SLOW or PADDING
+  n = len(lay.outs)
+  M_refs, W_refs, y_refs, state_ref = refs[:n], refs[n:2 * n], refs[2 * n:3 * n], refs[3 * n]
+  i, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  state = _gate_state(eps_ref, xn_ref, gn_ref, i, lay)
+
+  @pl.when((j == 0) & (s == 0))
+  def _():
+    state_ref[...] = state
+
   bt, bo = lay.block_t, lay.block_o
-  cols_ok = (j * bo + _iota(bo) < lay.out) if lay.mask_out else None
-  # M padded past out (to a multiple of 64): its columns stay unmasked, so their loads
-  # stay vector loads; the padding is zero and its outputs are dropped.
-  m_cols_ok = cols_ok if not lay.m_cols else \
-      (j * bo + _iota(bo) < lay.m_cols) if lay.mask_m_cols else None
   vector = bt == 1  # one token: multiply and sum; else a tensor-core dot
   acc_shape = (bo,) if vector else (bt, bo)
   zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
 
   def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed, cols_ok):
-    """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed)."""
-    def body(i, acc):
-      r0 = pl.multiple_of(i * block, block)
-      rows_ok = (s * chunk + r0 + _iota(block) < total) if masked else None
+    """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed),
+    a taken in b's dtype."""
+    def body(c, acc):
+      r0 = pl.multiple_of(c * block, block)
+      rows_ok = (s * chunk + r0 + iota(block) < total) if masked else None
       if vector:
-        a = _load(a_ref, (jnp.int32(0), pl.ds(r0, block)), rows_ok)
+        a = load(a_ref, (jnp.int32(0), pl.ds(r0, block)), rows_ok)
       else:
-        a = _load(a_ref, (slice(None), pl.ds(r0, block)), _mask(None, rows_ok, (bt, block)))
+        a = load(a_ref, (slice(None), pl.ds(r0, block)), mask(None, rows_ok, (bt, block)))
       if b_transposed:
-        b = _load(b_ref, (slice(None), pl.ds(r0, block)), _mask(cols_ok, rows_ok, (bo, block)))
+        b = load(b_ref, (slice(None), pl.ds(r0, block)), mask(cols_ok, rows_ok, (bo, block)))
       else:
-        b = _load(b_ref, (pl.ds(r0, block), slice(None)), _mask(rows_ok, cols_ok, (block, bo)))
+        b = load(b_ref, (pl.ds(r0, block), slice(None)), mask(rows_ok, cols_ok, (block, bo)))
+      a = a.astype(b.dtype)
       if vector:
         a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
         return acc + (jnp.sum(b32 * a32[None, :], axis=1) if b_transposed
                       else jnp.sum(a32[:, None] * b32, axis=0))
-      dtype = jnp.promote_types(a.dtype, b.dtype)
       dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
-      return acc + lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
-                                   precision=PRECISION,
+      return acc + lax.dot_general(a, b, dims, precision=PRECISION,
                                    preferred_element_type=jnp.float32)
     return lax.fori_loop(0, chunk // block, body, zeros())
 
-  y_fast = lax.cond(jnp.max(state) == FAST,
-                    lambda: reduce(g_ref, M_ref, lay.k_chunk, lay.block_k, lay.padded_k,
-                                   lay.mask_k, False, m_cols_ok), zeros)
-  y_slow = lax.cond(jnp.max(jnp.where(state == SLOW, 1, 0)) == 1,
-                    lambda: reduce(x_ref, W_ref, lay.d_chunk, lay.block_d, lay.padded_d,
-                                   lay.mask_d, w_transposed, cols_ok), zeros)
-  if vector:
-    y_fast, y_slow = y_fast[None, :], y_slow[None, :]
-  y_ref[...] = jnp.where(state == FAST, y_fast, y_slow).astype(y_ref.dtype)
+  def one_map(m):
+    """Map m's block j − start: its M and W tiles, its output."""
+    cols = (j - lay.map_starts[m]) * bo + iota(bo)
+    cols_ok = (cols < lay.padded_outs[m]) if lay.mask_outs[m] else None
+    # M padded past out (to a multiple of 64): its columns stay unmasked, so their loads
+    # stay vector loads; the padding is zero and its outputs are dropped.
+    m_cols_ok = cols_ok if not lay.m_cols[m] else \
+        (cols < lay.m_cols[m]) if lay.mask_m_cols[m] else None
+    y_fast = lax.cond(jnp.max(state) == FAST,
+                      lambda: reduce(g_ref, M_refs[m], lay.k_chunk, lay.block_k, lay.padded_k,
+                                     lay.mask_k, False, m_cols_ok), zeros)
+    y_slow = lax.cond(jnp.max(jnp.where(state == SLOW, 1, 0)) == 1,
+                      lambda: reduce(x_ref, W_refs[m], lay.d_chunk, lay.block_d, lay.padded_d,
+                                     lay.mask_d, w_transposed, cols_ok), zeros)
+    if vector:
+      y_fast, y_slow = y_fast[None, :], y_slow[None, :]
+    store(y_refs[m], jnp.where(state == FAST, y_fast, y_slow).astype(y_refs[m].dtype), cols_ok)
+
+  if n == 1:
+    one_map(0)
+  for m in range(n if n > 1 else 0):
+    start = lay.map_starts[m]
+    pl.when((j >= start) & (j < start + lay.map_blocks[m]))(functools.partial(one_map, m))
 
 
 def _pad(a: jax.Array, shape) -> jax.Array:
@@ -134,66 +162,78 @@ def _pad(a: jax.Array, shape) -> jax.Array:
   return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
 
-def gated_matmul_on(platform: str, x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False,
+def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False,
                     plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kernel with `platform`'s tile plan (or `plan`), compiled for it or interpreted.
 
-  Returns y (T, O) in x's dtype, O being W's outputs; M may hold zero columns past O (a
-  GSI LM head's, padded to a multiple of 64 so that its rows start aligned).
+  Returns ([y_i (T, O_i)] in x's dtype, fast_T), O_i being W_i's outputs; an M may hold
+  zero columns past them (a GSI LM head's, padded to a multiple of 64 so that its rows
+  start aligned).  eps: a threshold, or one per token (T,).
   """
   T, D = x_TD.shape
-  K, m_cols = M_KO.shape
-  O = W.shape[0] if w_transposed else W.shape[1]
-  if m_cols < O:
-    raise ValueError(f"M has {m_cols} columns, fewer than W's {O} outputs")
+  K = Ms[0].shape[0]
+  outs = tuple(W.shape[0] if w_transposed else W.shape[1] for W in Ws)
+  m_cols = tuple(M.shape[1] for M in Ms)
+  for M, out in zip(Ms, outs):
+    if M.shape[0] != K or M.shape[1] < out:
+      raise ValueError(f"M of shape {M.shape} does not serve a map of {out} outputs at "
+                       f"rank {K}")
   plan = plan or tiling.plan_for(platform, T)
-  lay = tiling.layout(plan, T, D, K, O, m_cols)
-  Tp, Dp, Kp, Op = lay.padded_tokens, lay.padded_d, lay.padded_k, lay.padded_out
-  state = _pad(jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)[:, None], (Tp, 1))
-  state = jnp.where(jnp.arange(Tp)[:, None] < T, state, PADDING)
+  lay = tiling.layout(plan, T, D, K, outs, m_cols, jnp.dtype(Ws[0].dtype).itemsize)
+  Tp, Dp, Kp = lay.padded_tokens, lay.padded_d, lay.padded_k
+  eps = jnp.asarray(eps, jnp.float32)
   x = _pad(x_TD, (Tp, Dp))
-  g = _pad(g_TK.astype(M_KO.dtype), (Tp, Kp))  # g M in M's dtype (see PRECISION)
-  M = _pad(M_KO, (Kp, max(Op, m_cols)))
-  W = _pad(W, (Op, Dp) if w_transposed else (Dp, Op))
+  g = _pad(g_TK, (Tp, Kp))
+  Ms = [_pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]
+  Ws = [_pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
   bt, bo = lay.block_t, lay.block_o
+  if eps.ndim == 0:
+    eps, eps_spec = eps.reshape(1, 1), pl.BlockSpec((1, 1), lambda i, j, s: (0, 0))
+  else:
+    eps, eps_spec = _pad(eps[:, None], (Tp, 1)), pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))
+  blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   if w_transposed:
-    w_spec = pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s: (j, s))
+    w_specs = [pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s, b=b: (b(j), s)) for b in blocks]
   else:
-    w_spec = pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s: (s, j))
-  out_cols = lay.out_blocks * bo
+    w_specs = [pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
+  m_specs = [pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
   if lay.splits == 1:
-    out_shape = jax.ShapeDtypeStruct((Tp, out_cols), x_TD.dtype)
-    out_spec = pl.BlockSpec((bt, bo), lambda i, j, s: (i, j))
+    out_shapes = [jax.ShapeDtypeStruct((Tp, o), x_TD.dtype) for o in lay.padded_outs]
+    out_specs = [pl.BlockSpec((bt, bo), lambda i, j, s, b=b: (i, b(j))) for b in blocks]
   else:
-    out_shape = jax.ShapeDtypeStruct((lay.splits, Tp, out_cols), jnp.float32)
-    out_spec = pl.BlockSpec((None, bt, bo), lambda i, j, s: (s, i, j))
-  y = pl.pallas_call(
+    out_shapes = [jax.ShapeDtypeStruct((lay.splits, Tp, o), jnp.float32)
+                  for o in lay.padded_outs]
+    out_specs = [pl.BlockSpec((None, bt, bo), lambda i, j, s, b=b: (s, i, b(j))) for b in blocks]
+  *ys, state = pl.pallas_call(
       functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
-      out_shape=out_shape,
+      out_shape=[*out_shapes, jax.ShapeDtypeStruct((Tp, 1), jnp.int32)],
       grid=lay.grid,
-      in_specs=[pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0)),
+      in_specs=[eps_spec,
+                pl.BlockSpec((bt, lay.splits * lay.d_chunk), lambda i, j, s: (i, 0)),
+                pl.BlockSpec((bt, lay.splits * lay.k_chunk), lambda i, j, s: (i, 0)),
                 pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
                 pl.BlockSpec((bt, lay.k_chunk), lambda i, j, s: (i, s)),
-                pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s: (s, j)),
-                w_spec],
-      out_specs=out_spec,
+                *m_specs, *w_specs],
+      out_specs=[*out_specs, pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))],
       interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, plan),
       name="gsi_gated_matmul",
-  )(state, x, g, M, W)
+  )(eps, x, g, x, g, *Ms, *Ws)
   if lay.splits > 1:
-    y = jnp.sum(y, axis=0).astype(x_TD.dtype)
-  return y[:T, :O]
+    ys = [jnp.sum(y, axis=0).astype(x_TD.dtype) for y in ys]
+  ys = [y if y.shape == (T, out) else y[:T, :out] for y, out in zip(ys, outs)]
+  return ys, state[:T, 0] == FAST
 
 
 @functools.partial(jax.jit, static_argnames=("w_transposed",))
-def gated_matmul(x_TD, g_TK, fast_T, M_KO, W, *, w_transposed: bool = False):
-  """y (T, O) in x's dtype: g M on fast tokens, x W on slow ones; reads only what they need.
+def gated_matmul(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False):
+  """([y_i (T, O_i)], fast_T): g M_i on fast tokens, x W_i on slow ones, for every map of
+  a site in one call, reading only what the tokens need; the gate is computed inside.
 
   The kernel is chosen where the program is lowered: compiled Triton on cuda and
   rocm, Mosaic on tpu, the cuda plan in interpret mode on cpu.
   """
-  args = (x_TD, g_TK, fast_T, M_KO, W)
+  args = (x_TD, g_TK, eps, tuple(Ms), tuple(Ws))
   on = lambda platform, interpret=False: lambda *a: gated_matmul_on(
       platform, *a, w_transposed=w_transposed, interpret=interpret)
   return lax.platform_dependent(

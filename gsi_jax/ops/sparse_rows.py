@@ -16,6 +16,8 @@ Each has two implementations with one signature:
   the CPU kernel (`gsi_jax.ops.cpu_kernels`, float32): streams each kept row once.
 `kept_rows_matmul` and `kept_dots` take the kernel where the program is lowered for
 cpu in float32 and the kernel could be built, and the XLA path everywhere else.
+On GPUs, at any batch, `gsi_jax.ops.kept_kernel` holds the Pallas kernels; `kept_product`
+and CATS take them by the gate's impl (`by_impl`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gsi_jax.ops import cpu_kernels
+from gsi_jax.ops import cpu_kernels, kept_kernel
 from gsi_jax.ops.gate import Gate, soft_keep, straight_through
 
 N_BUCKETS = 8
@@ -114,16 +116,37 @@ def magnitude_keep(x_BTD: jax.Array, threshold, gate: Gate | None) -> jax.Array:
   return keep_BTD
 
 
+def by_impl(gate: Gate | None, kernel, xla):
+  """kernel() where gate.impl asks for the Pallas kernels: "pallas" everywhere (interpreted
+  on cpu), "auto" where the program is lowered for a GPU or TPU; xla() otherwise."""
+  if gate is None or gate.impl == "xla":
+    return xla()
+  if gate.impl == "pallas":
+    return kernel()
+  return lax.platform_dependent(cpu=xla, default=kernel)
+
+
 def kept_product(x_BTD: jax.Array, keep_BTD: jax.Array, Ws: Sequence[jax.Array],
                  gate: Gate | None) -> list[jax.Array]:
-  """x·keep @ W for each W, with the mask from `magnitude_keep`: at one token under
-  gate.batch1_switch only the kept rows are read (`kept_rows_matmul`); a soft mask
-  multiplies, so its gradient flows."""
+  """x·keep @ W for each W, with the mask from `magnitude_keep`.  Through the Pallas kernel
+  (`by_impl`) every map of the site is one call that reads only rows some token keeps, at
+  any batch; on XLA, at one token under gate.batch1_switch only the kept rows are read
+  (`kept_rows_matmul`), elsewhere the masked product.  A soft mask multiplies, so its
+  gradient flows."""
   if keep_BTD.dtype != jnp.bool_:
     kept_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype)
     return [kept_BTD @ W for W in Ws]
-  if reads_kept_rows(x_BTD, gate):
-    return [y.reshape(1, 1, -1)
-            for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
-  kept_BTD = jnp.where(keep_BTD, x_BTD, 0)
-  return [kept_BTD @ W for W in Ws]
+  lead, d = x_BTD.shape[:-1], x_BTD.shape[-1]
+
+  def kernel():
+    ys = kept_kernel.kept_rows(x_BTD.reshape(-1, d), keep_BTD.reshape(-1, d), Ws)
+    return [y.reshape(*lead, -1) for y in ys]
+
+  def xla():
+    if reads_kept_rows(x_BTD, gate):
+      return [y.reshape(1, 1, -1)
+              for y in kept_rows_matmul(x_BTD.reshape(-1), keep_BTD.reshape(-1), Ws)]
+    kept_BTD = jnp.where(keep_BTD, x_BTD, 0)
+    return [kept_BTD @ W for W in Ws]
+
+  return by_impl(gate, kernel, xla)

@@ -1,24 +1,49 @@
-"""Tile plans of the gated matmul kernel: one table per platform, and the byte model.
+"""Tile plans of the gated matmul kernel: one table per platform, the byte model and the
+bandwidth model.
 
 A `TilePlan` fixes what one program loads per loop step; `layout` fits it to a
-call's shapes: block sizes shrink to the (power-of-two ceiling of the) array,
-and the reduction dimension is split across programs until the grid fills the
-chip (`min_programs`).  Each split program writes float32 partial sums that
-XLA adds up; a padded row, column or token is masked, never read.
+call: one call serves every map of a site (q, k and v; gate and up), their
+output blocks side by side on the grid.  Block sizes shrink to the (power-of-two
+ceiling of the) array.  Two ways fill the chip:
+  * decode (one token per program, `min_block_o` set): output blocks narrow, down
+    to min_block_o, until there are min_programs of them, and the reduction rows
+    per step widen to keep the tile's bytes; the reduction is never split, so
+    no XLA op follows the kernel (one g = x V_k product and the kernel: two
+    launches per gated site);
+  * batch (2 to 64 tokens: one block of them, so no weight tile is read twice
+    whatever the gates), prefill (more tokens, 32 per block) and tpu: the reduction
+    is split in powers of two until the grid has min_programs programs, each split
+    writing float32 partial sums that XLA adds.
+A padded row, column or token is masked, never read.
 
-Per platform (targets: H200, sm_90, 132 SMs, 227 KB shared memory per SM;
-MI300X, gfx942, 304 CUs, 64 KB LDS; TPU: Mosaic, whole panels in VMEM):
+Per platform (targets: H200, sm_90, 132 SMs; MI300X, gfx942, 304 CUs, 64 KB LDS;
+TPU: Mosaic, whole panels in VMEM); the decode tiles at GPT-J's sites, k = 256:
 
-| platform | regime  | block_t × block_o, block_d, block_k | elements per W tile | programs at d = O = 4096, k = 256 |
-|----------|---------|-------------------------------------|---------------------|-----------------------------------|
-| cuda     | decode  | 1 × 64, 64, 32                      | 4096                | 1 token: 64 × 8 splits = 512       |
-| cuda     | prefill | 32 × 64, 64, 32                     | 4096                | 16 tokens: 64 × 8 = 512; 2048: 4096 |
-| rocm     | decode  | 1 × 64, 64, 32                      | 4096                | 1 token: 64 × 16 splits = 1024     |
-| rocm     | prefill | 32 × 64, 32, 32                     | 2048                | 16 tokens: 64 × 16 = 1024; 2048: 4096 |
-| tpu      | both    | 16 × 128, 512, 128                  | 65536               | 1 token: 32 (no split)            |
+| platform | regime  | block_t × block_o, block_d, block_k      | W tile (elements) |
+|----------|---------|------------------------------------------|-------------------|
+| cuda     | decode  | 1 × 128 → 32, 128 → 512, 128 → 256; 8 warps | 16384          |
+| cuda     | batch   | 16–64 × 64, 32, 32; split reduction       | 2048              |
+| cuda     | prefill | 32 × 64, 64, 32; split reduction          | 4096              |
+| rocm     | decode  | 1 × 128 → 32, 256 → 1024, 256; 8 warps    | 32768             |
+| rocm     | batch   | 16–64 × 64, 32, 32; split reduction       | 2048              |
+| rocm     | prefill | 32 × 64, 32, 32; split reduction          | 2048              |
+| tpu      | both    | 16 × 128, 512, 128; padded inputs         | 65536             |
 
-`python benchmarks/kernel_binaries.py` compiles every plan to sm_90 and gfx942
-binaries and reports their registers, spills and shared memory.
+Decoding GPT-J at k = 256 (block_o × block_d: programs): on cuda its attention input
+site (q, k, v and fc_in) 128 × 128: 224, out_proj and fc_out 32 × 512: 128; on rocm
+64 × 512: 448 and 32 × 1024: 128 (`lowering.gptj_decode_bandwidth`).
+
+Bandwidth (Little's law): to stream at B bytes/s with a memory latency of L seconds a
+chip keeps B·L bytes in flight.  Triton pipelines only loads that feed a tensor-core
+dot, so a decode program has one tile in flight at a time, and a plan keeps
+tile bytes × programs at once.  `bytes_in_flight` states both per SM or CU
+(`CHIPS`).  The decode tiles are sized so that one program per unit covers it in bf16:
+on an H200 a 32 KiB tile against 28.4 KiB needed; on an MI300X a 64 KiB tile, because a
+4096-output map's 128 programs leave 176 of its 304 CUs idle (26.9 KiB per CU against
+13.6 KiB).
+
+`python benchmarks/gpu_lowering.py` compiles every plan to sm_90 and gfx942 binaries
+and reports their registers, spills and shared memory.
 """
 
 from __future__ import annotations
@@ -29,7 +54,7 @@ import math
 import numpy as np
 
 PLATFORMS = ("cuda", "rocm", "tpu")
-PREFILL_TOKENS = 16  # calls with at least this many tokens use the prefill plan (tensor cores)
+BATCH_TOKENS = 64  # calls of 2 to this many tokens are one token block: each tile read once
 MIN_BLOCK = 16  # Triton's dot needs every dimension >= 16
 
 
@@ -40,9 +65,11 @@ class TilePlan:
   block_t: tokens per program; 1 is a matrix-vector product per token (multiply
   and sum, no tensor cores), >= 16 a tensor-core dot.  block_o: outputs per
   program.  block_d / block_k: rows of W / M per loop step.  min_programs: the
-  reduction is split in powers of two until a call has this many programs
-  (2 per SM or CU).  pad_inputs: Mosaic (TPU) has no masked loads, so ragged
-  arrays are padded in XLA (a copy) instead of masked in the kernel.
+  reduction is split in powers of two until a call has this many programs,
+  or, with min_block_o, block_o halves (down to min_block_o) until it has, while
+  block_d and block_k grow to keep the tile's elements (no split).  pad_inputs:
+  Mosaic (TPU) has no masked loads, so ragged arrays are padded in XLA (a copy)
+  instead of masked in the kernel.
   """
   block_t: int
   block_o: int
@@ -52,23 +79,33 @@ class TilePlan:
   num_warps: int | None = None
   num_stages: int | None = None
   pad_inputs: bool = False
+  min_block_o: int = 0
 
 
 _H200_SMS, _MI300X_CUS = 132, 304
 TILE_PLANS: dict[str, dict[str, TilePlan]] = {
-    "cuda": {"decode": TilePlan(1, 64, 64, 32, 2 * _H200_SMS, num_warps=4, num_stages=3),
+    "cuda": {"decode": TilePlan(1, 128, 128, 128, _H200_SMS, num_warps=8, num_stages=1,
+                                min_block_o=32),
+             "batch": TilePlan(64, 64, 32, 32, 2 * _H200_SMS, num_warps=4, num_stages=3),
              "prefill": TilePlan(32, 64, 64, 32, 2 * _H200_SMS, num_warps=4, num_stages=3)},
-    "rocm": {"decode": TilePlan(1, 64, 64, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2),
+    "rocm": {"decode": TilePlan(1, 128, 256, 256, _MI300X_CUS, num_warps=8, num_stages=1,
+                                min_block_o=32),
+             "batch": TilePlan(64, 64, 32, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2),
              "prefill": TilePlan(32, 64, 32, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2)},
-    "tpu": {"decode": TilePlan(16, 128, 512, 128, pad_inputs=True),
-            "prefill": TilePlan(16, 128, 512, 128, pad_inputs=True)},
+    "tpu": {regime: TilePlan(16, 128, 512, 128, pad_inputs=True)
+            for regime in ("decode", "batch", "prefill")},
 }
 
 
 def plan_for(platform: str, tokens: int) -> TilePlan:
   if platform not in TILE_PLANS:
     raise ValueError(f"no tile plan for platform {platform!r}; one of {tuple(TILE_PLANS)}")
-  return TILE_PLANS[platform]["prefill" if tokens >= PREFILL_TOKENS else "decode"]
+  return TILE_PLANS[platform][regime(tokens)]
+
+
+def regime(tokens: int) -> str:
+  """decode: one token; batch: 2 to BATCH_TOKENS, one block of them; prefill: more."""
+  return "decode" if tokens == 1 else "batch" if tokens <= BATCH_TOKENS else "prefill"
 
 
 def compiler_params(platform: str, plan: TilePlan):
@@ -98,17 +135,18 @@ def _ceil_div(a: int, b: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CallLayout:
-  """A plan fitted to one call: x (tokens, d), M (k, out), W (d, out) or (out, d).
+  """A plan fitted to one call: x (tokens, d), and per map M (k, out) and W (d, out) or
+  (out, d); every map's output blocks share block_o.
 
-  The grid is (token blocks, output blocks, splits); split s reduces rows
-  [s d_chunk, (s + 1) d_chunk) of W and [s k_chunk, (s + 1) k_chunk) of M.
+  The grid is (token blocks, output blocks of every map in turn, splits); split s
+  reduces rows [s d_chunk, (s + 1) d_chunk) of W and [s k_chunk, (s + 1) k_chunk) of M.
   Arrays keep their true shapes (`padded_*` differ only with pad_inputs).
   """
   plan: TilePlan
   tokens: int
   d: int
   k: int
-  out: int
+  outs: tuple[int, ...]
   block_t: int
   block_o: int
   block_d: int
@@ -116,15 +154,31 @@ class CallLayout:
   splits: int
   d_chunk: int
   k_chunk: int
-  m_cols: int = 0  # M's stored columns when padded past out (a GSI LM head), else 0
+  m_cols: tuple[int, ...] = ()  # per map, M's stored columns where padded past out, else 0
 
   @property
   def token_blocks(self) -> int:
     return _ceil_div(self.tokens, self.block_t)
 
   @property
+  def padded_outs(self) -> tuple[int, ...]:
+    if not self.plan.pad_inputs:
+      return self.outs
+    return tuple(_ceil_div(o, self.block_o) * self.block_o for o in self.outs)
+
+  @property
+  def map_blocks(self) -> tuple[int, ...]:
+    """Output blocks per map."""
+    return tuple(_ceil_div(o, self.block_o) for o in self.padded_outs)
+
+  @property
+  def map_starts(self) -> tuple[int, ...]:
+    """The first output block of each map on the grid."""
+    return tuple(sum(self.map_blocks[:m]) for m in range(len(self.outs)))
+
+  @property
   def out_blocks(self) -> int:
-    return _ceil_div(self.padded_out, self.block_o)
+    return sum(self.map_blocks)
 
   @property
   def grid(self) -> tuple[int, int, int]:
@@ -148,7 +202,8 @@ class CallLayout:
 
   @property
   def padded_out(self) -> int:
-    return _ceil_div(self.out, self.block_o) * self.block_o if self.plan.pad_inputs else self.out
+    """Output columns of every map together."""
+    return sum(self.padded_outs)
 
   @property
   def mask_d(self) -> bool:
@@ -160,35 +215,83 @@ class CallLayout:
     return self.splits * self.k_chunk != self.padded_k
 
   @property
-  def mask_out(self) -> bool:
-    return self.out_blocks * self.block_o != self.padded_out
+  def mask_outs(self) -> tuple[bool, ...]:
+    """Per map: its last output block ends past its columns."""
+    return tuple(b * self.block_o != o for b, o in zip(self.map_blocks, self.padded_outs))
 
   @property
-  def mask_m_cols(self) -> bool:
-    """M's loads need a column mask: its stored columns end inside the last block (a
-    column mask along the contiguous axis turns a program's vector loads scalar)."""
-    return self.out_blocks * self.block_o > max(self.m_cols, self.padded_out)
+  def mask_m_cols(self) -> tuple[bool, ...]:
+    """Per map: M's loads need a column mask, its stored columns ending inside the last
+    block (a column mask along the contiguous axis turns a program's vector loads scalar)."""
+    return tuple(b * self.block_o > max(m, o)
+                 for b, m, o in zip(self.map_blocks, self.m_cols, self.padded_outs))
 
 
-def layout(plan: TilePlan, tokens: int, d: int, k: int, out: int, m_cols: int = 0) -> CallLayout:
-  """Fit `plan` to one call's shapes, splitting the reduction until the grid fills the chip.
-  m_cols: M's stored columns where they are padded past `out`."""
-  block_d = _block(plan.block_d, d, plan.pad_inputs)
-  block_k = _block(plan.block_k, k, plan.pad_inputs)
-  block_o = _block(plan.block_o, out, plan.pad_inputs)
+def _as_tuple(n, maps: int) -> tuple[int, ...]:
+  return (n,) * maps if isinstance(n, int) else tuple(n)
+
+
+def layout(plan: TilePlan, tokens: int, d: int, k: int, out, m_cols=0,
+           itemsize: int = 2) -> CallLayout:
+  """Fit `plan` to one call: `out` one map's outputs or a sequence, one per map sharing
+  x; m_cols M's stored columns where padded past out (an int for one map, or per map);
+  itemsize the weights' bytes per element.  The chip is filled by narrower output blocks
+  (min_block_o) or by splitting the reduction (see the module)."""
+  outs = _as_tuple(out, 1)
+  m_cols = tuple(m if m > o else 0 for m, o in zip(_as_tuple(m_cols, len(outs)), outs))
   block_t = plan.block_t if plan.block_t == 1 or plan.pad_inputs else \
       max(MIN_BLOCK, min(plan.block_t, _pow2_at_least(tokens)))
+  token_blocks = _ceil_div(tokens, block_t)
+  block_o = _block(plan.block_o, max(outs), plan.pad_inputs)
+  output_blocks = lambda bo: token_blocks * sum(_ceil_div(o, bo) for o in outs)
+  block_d, block_k = plan.block_d, plan.block_k
+  if plan.min_block_o:
+    while block_o > plan.min_block_o and output_blocks(block_o) < plan.min_programs:
+      block_o //= 2
+    # The tile keeps the plan's bytes (its elements at 2 bytes each) as block_o narrows.
+    block_d = max(1, plan.block_d * plan.block_o * 2 // (block_o * itemsize))
+    block_k = max(1, plan.block_k * plan.block_o * 2 // (block_o * itemsize))
+  block_d = _block(block_d, d, plan.pad_inputs)
+  block_k = _block(block_k, k, plan.pad_inputs)
   d_tiles, k_tiles = _ceil_div(d, block_d), _ceil_div(k, block_k)
-  others = _ceil_div(tokens, block_t) * _ceil_div(out, block_o)
   splits = 1
-  while others * splits < plan.min_programs and splits * 2 <= d_tiles:
+  while (not plan.min_block_o and output_blocks(block_o) * splits < plan.min_programs
+         and splits * 2 <= d_tiles):
     splits *= 2
   d_chunk_tiles = _ceil_div(d_tiles, splits)
   splits = _ceil_div(d_tiles, d_chunk_tiles)  # no split left without rows of W
-  return CallLayout(plan, tokens, d, k, out, block_t, block_o, block_d, block_k, splits,
+  return CallLayout(plan, tokens, d, k, outs, block_t, block_o, block_d, block_k, splits,
                     d_chunk=d_chunk_tiles * block_d,
-                    k_chunk=_ceil_div(k_tiles, splits) * block_k,
-                    m_cols=m_cols if m_cols > out else 0)
+                    k_chunk=_ceil_div(k_tiles, splits) * block_k, m_cols=m_cols)
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """What Little's law needs of a chip: read bandwidth (bytes/s), SMs or CUs, and the
+  latency of a read from HBM under load (seconds; assumed, not measured here)."""
+  name: str
+  bandwidth: float
+  units: int
+  latency: float
+
+  @property
+  def needed_in_flight(self) -> float:
+    """Bytes each SM or CU must keep in flight to stream at full bandwidth: B L / units."""
+    return self.bandwidth * self.latency / self.units
+
+
+# 800 ns: a loaded HBM read on both chips, rounded up from the 500-700 ns that
+# microbenchmarks commonly report; gpu_check.sh measures the bandwidth, not this.
+CHIPS = {"cuda": Chip("H200", 4.8e12, _H200_SMS, 800e-9),
+         "rocm": Chip("MI300X", 5.3e12, _MI300X_CUS, 800e-9)}
+
+
+def bytes_in_flight(lay: CallLayout, itemsize: int, chip: Chip, resident: int = 1) -> float:
+  """Bytes of weights one SM or CU keeps in flight on the slow path: one W tile per
+  program (the loop issues a step's loads together and waits for them), times the
+  programs at once, min(programs, units × resident), spread over the units."""
+  at_once = min(lay.programs, chip.units * resident)
+  return lay.block_d * lay.block_o * itemsize * at_once / chip.units
 
 
 def weight_elements_read(lay: CallLayout, fast_T) -> float:

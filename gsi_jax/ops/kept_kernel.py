@@ -1,0 +1,212 @@
+"""The kept-rows products as Pallas kernels, beside their pure-JAX references.
+
+    kept rows:  y_i = (x · keep) W_i  for every map i of a site, W_i stored (d, O_i):
+                sparsity (TEAL), its greedy allocation, R-Sparse's kept part, the sparse
+                residual's r_S W_S, CATS' down projection;
+    kept dots:  y_to = keep_to (W_o · x_t),  W stored (O, d): CATS' up projection.
+
+Any batch: a row of W (kept rows) or of W_OD (kept dots) is loaded only when some token
+of the call keeps it, as a masked load, so its bytes are never read, as TEAL's sparse
+GEMV does; here one call serves every map of a site, and the batch and decode tile
+plans of the gated kernel (`gsi_jax.ops.tiling`) apply: one program per output block
+at one token with no split reduction, one block of up to 64 tokens, so no row is
+read twice in a call.  Kept rows take x with its dropped entries zeroed and read the
+rows where some token's entry is non-zero (a kept entry that is exactly 0 adds
+nothing).  Each kernel is chosen by the platform its program is lowered for: Triton
+on cuda and rocm, the cuda plan in interpret mode on cpu, and the masked product in
+XLA on tpu (Mosaic has no masked loads, so a row cannot be skipped there).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from gsi_jax.ops import tiling
+from gsi_jax.ops.kernel import INTERPRETED_PLAN, PRECISION
+from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, store
+
+
+def kept_rows_reference(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
+  """(x · keep) W_i for each W_i (d, O_i), in float32 at IEEE precision."""
+  x = jnp.where(keep_TD, x_TD, 0).astype(jnp.float32)
+  return [jnp.dot(x, W.astype(jnp.float32), precision=PRECISION).astype(x_TD.dtype)
+          for W in Ws]
+
+
+def kept_dots_reference(x_TD, keep_TO, W_OD) -> jax.Array:
+  """keep · (x W_ODᵀ), in float32 at IEEE precision."""
+  y = jnp.dot(x_TD.astype(jnp.float32), W_OD.astype(jnp.float32).T, precision=PRECISION)
+  return jnp.where(keep_TO, y, 0).astype(x_TD.dtype)
+
+
+def _any_token(a, vector: bool):
+  """Per row of a tile of x (block_t, rows), or of a vector: whether any token's entry is
+  non-zero.  (Triton has no reduce_or: a max of 0/1.)"""
+  nonzero = jnp.where(a != 0, 1, 0)
+  return nonzero == 1 if vector else jnp.max(nonzero, axis=0) == 1
+
+
+def _x_tile(x_ref, s, c, lay: tiling.CallLayout):
+  """Step c of split s over x's columns: (first column, columns inside d or None, the tile
+  (block_t, block_d), or (block_d,) for one token)."""
+  bd = lay.block_d
+  r0 = pl.multiple_of(c * bd, bd)
+  ok = (s * lay.d_chunk + r0 + iota(bd) < lay.d) if lay.mask_d else None
+  if lay.block_t == 1:
+    return r0, ok, load(x_ref, (jnp.int32(0), pl.ds(r0, bd)), ok)
+  return r0, ok, load(x_ref, (slice(None), pl.ds(r0, bd)), mask(None, ok, (lay.block_t, bd)))
+
+
+def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
+  n = len(lay.outs)
+  W_refs, y_refs = refs[:n], refs[n:]
+  j, s = pl.program_id(1), pl.program_id(2)
+  bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
+  vector = bt == 1
+
+  def one_map(m):
+    cols = (j - lay.map_starts[m]) * bo + iota(bo)
+    cols_ok = (cols < lay.outs[m]) if lay.mask_outs[m] else None
+
+    def body(c, acc):
+      r0, _, a = _x_tile(x_ref, s, c, lay)
+      needed = _any_token(a, vector)  # rows past d load as 0: never needed
+      b = load(W_refs[m], (pl.ds(r0, bd), slice(None)), mask(needed, cols_ok, (bd, bo)))
+      a = a.astype(b.dtype)
+      if vector:
+        return acc + jnp.sum(a.astype(jnp.float32)[:, None] * b.astype(jnp.float32), axis=0)
+      return acc + lax.dot(a, b, precision=PRECISION, preferred_element_type=jnp.float32)
+
+    acc = lax.fori_loop(0, lay.d_chunk // bd, body,
+                        jnp.zeros((bo,) if vector else (bt, bo), jnp.float32))
+    store(y_refs[m], (acc[None, :] if vector else acc).astype(y_refs[m].dtype), cols_ok)
+
+  if n == 1:
+    one_map(0)
+  for m in range(n if n > 1 else 0):
+    start = lay.map_starts[m]
+    pl.when((j >= start) & (j < start + lay.map_blocks[m]))(functools.partial(one_map, m))
+
+
+def _kept_dots_kernel(x_ref, keep_ref, W_ref, y_ref, *, lay: tiling.CallLayout):
+  j, s = pl.program_id(1), pl.program_id(2)
+  bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
+  vector = bt == 1
+  rows = j * bo + iota(bo)  # rows of W_OD: this block's outputs
+  rows_ok = (rows < lay.outs[0]) if lay.mask_outs[0] else None
+  if vector:
+    keep = load(keep_ref, (jnp.int32(0), slice(None)), rows_ok)
+  else:
+    keep = load(keep_ref, (slice(None), slice(None)), mask(None, rows_ok, (bt, bo)))
+  needed = _any_token(keep, vector)
+
+  def body(c, acc):
+    r0, cols_ok, a = _x_tile(x_ref, s, c, lay)
+    b = load(W_ref, (slice(None), pl.ds(r0, bd)), mask(needed, cols_ok, (bo, bd)))
+    a = a.astype(b.dtype)
+    if vector:
+      return acc + jnp.sum(b.astype(jnp.float32) * a.astype(jnp.float32)[None, :], axis=1)
+    return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=PRECISION,
+                                 preferred_element_type=jnp.float32)
+
+  acc = lax.fori_loop(0, lay.d_chunk // bd, body,
+                      jnp.zeros((bo,) if vector else (bt, bo), jnp.float32))
+  y = jnp.where(keep != 0, acc, 0)
+  store(y_ref, (y[None, :] if vector else y).astype(y_ref.dtype), rows_ok)
+
+
+def _outputs(lay: tiling.CallLayout, dtype, blocks):
+  """Each map's output and its block spec: (padded tokens, O) in x's dtype, or float32
+  partial sums per split that XLA adds.  Columns past O are stored masked; tokens are
+  padded (Triton masks no block that overhangs its array)."""
+  bt, bo, Tp = lay.block_t, lay.block_o, lay.padded_tokens
+  if lay.splits == 1:
+    return ([jax.ShapeDtypeStruct((Tp, o), dtype) for o in lay.outs],
+            [pl.BlockSpec((bt, bo), lambda i, j, s, b=b: (i, b(j))) for b in blocks])
+  return ([jax.ShapeDtypeStruct((lay.splits, Tp, o), jnp.float32) for o in lay.outs],
+          [pl.BlockSpec((None, bt, bo), lambda i, j, s, b=b: (s, i, b(j))) for b in blocks])
+
+
+def _tokens_padded(a, lay: tiling.CallLayout):
+  return a if lay.padded_tokens == lay.tokens else \
+      jnp.pad(a, ((0, lay.padded_tokens - lay.tokens), (0, 0)))
+
+
+def _summed(ys, lay: tiling.CallLayout, dtype):
+  ys = [jnp.sum(y, axis=0).astype(dtype) for y in ys] if lay.splits > 1 else list(ys)
+  return [y if lay.padded_tokens == lay.tokens else y[:lay.tokens] for y in ys]
+
+
+def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
+                 plan: tiling.TilePlan | None = None, interpret: bool = False):
+  """The kept-rows kernel with `platform`'s tile plan (cuda or rocm), compiled or
+  interpreted: [(x · keep) W_i], reading W_i's rows that some token keeps."""
+  T, D = x_TD.shape
+  outs = tuple(W.shape[1] for W in Ws)
+  lay = tiling.layout(plan or tiling.plan_for(platform, T), T, D, 1, outs,
+                      itemsize=jnp.dtype(Ws[0].dtype).itemsize)
+  blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
+  out_shapes, out_specs = _outputs(lay, x_TD.dtype, blocks)
+  ys = pl.pallas_call(
+      functools.partial(_kept_rows_kernel, lay=lay),
+      out_shape=out_shapes, grid=lay.grid,
+      in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)),
+                *[pl.BlockSpec((lay.d_chunk, lay.block_o), lambda i, j, s, b=b: (s, b(j)))
+                  for b in blocks]],
+      out_specs=out_specs, interpret=interpret,
+      compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
+      name="gsi_kept_rows",
+  )(_tokens_padded(jnp.where(keep_TD, x_TD, 0), lay), *Ws)
+  return _summed(ys, lay, x_TD.dtype)
+
+
+def kept_dots_on(platform: str, x_TD, keep_TO, W_OD, *, plan: tiling.TilePlan | None = None,
+                 interpret: bool = False):
+  """The kept-dots kernel with `platform`'s tile plan, compiled or interpreted:
+  keep · (x W_ODᵀ), reading W_OD's rows that some token keeps."""
+  T, D = x_TD.shape
+  lay = tiling.layout(plan or tiling.plan_for(platform, T), T, D, 1, W_OD.shape[0],
+                      itemsize=jnp.dtype(W_OD.dtype).itemsize)
+  bt, bo = lay.block_t, lay.block_o
+  [out_shape], [out_spec] = _outputs(lay, x_TD.dtype, [lambda j: j])
+  [y] = pl.pallas_call(
+      functools.partial(_kept_dots_kernel, lay=lay),
+      out_shape=[out_shape], grid=lay.grid,
+      in_specs=[pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
+                pl.BlockSpec((bt, bo), lambda i, j, s: (i, j)),
+                pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s: (j, s))],
+      out_specs=[out_spec], interpret=interpret,
+      compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
+      name="gsi_kept_dots",
+  )(_tokens_padded(x_TD, lay), _tokens_padded(keep_TO.astype(jnp.int32), lay), W_OD)
+  [y] = _summed([y], lay, x_TD.dtype)
+  return y
+
+
+@jax.jit
+def kept_rows(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
+  """[(x · keep) W_i] for every map of a site in one call: the kernel on cuda and rocm, the
+  cuda plan interpreted on cpu, XLA's masked product on tpu."""
+  on = lambda platform, interpret=False: lambda *a: kept_rows_on(platform, *a,
+                                                                 interpret=interpret)
+  masked = lambda x, keep, Ws: [jnp.where(keep, x, 0) @ W for W in Ws]
+  return lax.platform_dependent(x_TD, keep_TD, tuple(Ws),
+                                cpu=on(INTERPRETED_PLAN, interpret=True), cuda=on("cuda"),
+                                rocm=on("rocm"), tpu=masked)
+
+
+@jax.jit
+def kept_dots(x_TD, keep_TO, W_OD) -> jax.Array:
+  """keep · (x W_ODᵀ): the kernel on cuda and rocm, the cuda plan interpreted on cpu, XLA's
+  masked product on tpu."""
+  on = lambda platform, interpret=False: lambda *a: kept_dots_on(platform, *a,
+                                                                 interpret=interpret)
+  return lax.platform_dependent(x_TD, keep_TO, W_OD, cpu=on(INTERPRETED_PLAN, interpret=True),
+                                cuda=on("cuda"), rocm=on("rocm"),
+                                tpu=lambda x, keep, W: jnp.where(keep, x @ W.T, 0))
