@@ -55,10 +55,14 @@ step kernel_timing 100 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timin
 # 4. Decode tiles (block_o x block_d x warps) at 1 token, all slow and all fast.
 step kernel_tiles 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
     $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_tiles.json"
-# 5. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
+# 5. The kept-rows kernel (sparsity's product) beside dense x @ W at GPT-J's fc_in, bf16,
+#    cache-cold, 1-16 tokens, kept shares 0, 0.5 and 1: paired rounds.
+step kernel_kept 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
+    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_kept.json"
+# 6. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
 #    disk): streaming calibration (cascade) against the paper's ~30 s, then decode through
 #    the kernel beside dense XLA in the same process.
-step scale 200 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
+step scale 140 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
     --dtype bfloat16 --decode_dtype bfloat16 --method cascade \
     --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
 timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR"

@@ -19,7 +19,10 @@ Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
            of ∞ or 0 set the share); dense x @ W over the same copies in alternation,
            paired rounds, the median ratio and its bootstrap 95% interval (`benchmarking`);
   tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
-           --tiles decode plan (block_o x block_d x warps, no split reduction).
+           --tiles decode plan (block_o x block_d x warps, no split reduction);
+  kept     the kept-rows kernel (`kept_kernel.kept_rows`: sparsity's product) timed the same
+           way at --tokens and --fast_share shares of kept inputs (each token keeps its own
+           random share; a row is read when any token keeps it), beside dense x @ W.
 --dry: d = 256, O = 512, k = 32, 1 and 2 tokens, a 64 MiB ceiling, 4 copies and 2 tile
 plans, where a flag does not say otherwise: the whole path in a minute on a CPU, where the
 kernel runs interpreted (its times then mean nothing).
@@ -37,9 +40,9 @@ from absl import flags
 from gsi_jax import cli, experiment
 from gsi_jax.benchmarking import alternating_rounds, interval_fields, timed_pair
 from gsi_jax.errors import GSIError
-from gsi_jax.ops import kernel, tiling
+from gsi_jax.ops import kept_kernel, kernel, tiling
 
-PARTS = ("ceiling", "correct", "timing", "tiles")
+PARTS = ("ceiling", "correct", "timing", "tiles", "kept")
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
 _MAPS = flags.DEFINE_list("maps", ["4096x16384", "4096x4096", "16384x4096"],
                           "Maps d x O (GPT-J's fc_in, q/k/v/o, fc_out).")
@@ -188,6 +191,37 @@ def copies_for(c: KernelBenchConfig, d: int, out: int, itemsize: int) -> int:
   return max(2, math.ceil(4 * c.cache_mb * 1e6 / (d * out * itemsize)))
 
 
+def _paired(c: KernelBenchConfig, fixed, copies, call) -> dict:
+  """Paired rounds of call(*fixed, *copy) and dense fixed[0] @ copy[-1] (x @ W), each one
+  program of c.inner passes over the same copies."""
+  def passes(product):
+    @jax.jit
+    def run(fixed, copies):
+      def body(_, acc):
+        for copy in copies:
+          acc = acc + product(*fixed, *copy)[0, :8].astype(jnp.float32)
+        return acc
+      return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
+    return lambda: run(fixed, copies).block_until_ready()
+
+  return timed_pair(passes(lambda x, *rest: x @ rest[-1]), passes(call), c.repeats)
+
+
+def _row(c: KernelBenchConfig, pair: dict, d: int, out: int, copies: int, kernel_bytes: float,
+         **fields) -> dict:
+  """One timed record: times per call, bandwidths, the byte ideal and the interval."""
+  calls = c.inner * copies
+  dense_s, kernel_s = pair["base_s"] / calls, pair["other_s"] / calls
+  dense_bytes = d * out * jnp.dtype(jnp.bfloat16).itemsize
+  return {"d": d, "out": out, **fields, "dtype": "bfloat16", "copies": copies,
+          "calls_per_round": calls, "dense_us": 1e6 * dense_s, "kernel_us": 1e6 * kernel_s,
+          "dense_gb_s": dense_bytes / dense_s / 1e9, "kernel_gb_s": kernel_bytes / kernel_s / 1e9,
+          "kernel_weight_bytes": kernel_bytes, "dense_weight_bytes": dense_bytes,
+          "byte_ideal_speedup": dense_bytes / kernel_bytes if kernel_bytes else None,
+          "speedup": pair["ratio"], **interval_fields(pair),
+          "compile_s": {"dense": pair["base_compile_s"], "kernel": pair["other_compile_s"]}}
+
+
 def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float, plan=None):
   """Paired rounds of the kernel's calls and dense x @ W over the same copies."""
   dtype = jnp.dtype(jnp.bfloat16)
@@ -196,40 +230,35 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
               for i in range(copies)]
   x, g, eps = problems[0][:3]
   fast = jnp.isinf(eps)
-  Ms, Ws = [p[3] for p in problems], [p[4] for p in problems]
   platform = device_platform()
   if plan is None:
     call = kernel.gated_matmul
   else:
     on = "cuda" if platform == "cpu" else platform
     call = lambda *a: kernel.gated_matmul_on(on, *a, plan=plan, interpret=platform == "cpu")
-
-  def passes(product):
-    @jax.jit
-    def run(x, g, eps, Ms, Ws):
-      def body(_, acc):
-        for M, W in zip(Ms, Ws):
-          acc = acc + product(x, g, eps, M, W)[0, :8].astype(jnp.float32)
-        return acc
-      return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
-    return lambda: run(x, g, eps, Ms, Ws).block_until_ready()
-
-  gated = lambda x, g, eps, M, W: call(x, g, eps, [M], [W])[0][0]
-  pair = timed_pair(passes(lambda x, g, eps, M, W: x @ W), passes(gated), c.repeats)
-  calls = c.inner * copies
-  dense_s, gated_s = pair["base_s"] / calls, pair["other_s"] / calls
+  pair = _paired(c, (x, g, eps), [p[3:] for p in problems],
+                 lambda x, g, eps, M, W: call(x, g, eps, [M], [W])[0][0])
   lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
                       tokens, d, c.k, out)
   kernel_bytes = tiling.weight_elements_read(lay, np.asarray(fast)) * dtype.itemsize
-  dense_bytes = d * out * dtype.itemsize
-  return {"d": d, "out": out, "k": c.k, "tokens": tokens, "fast_share": float(jnp.mean(fast)),
-          "dtype": dtype.name, "copies": copies, "calls_per_round": calls,
-          "dense_us": 1e6 * dense_s, "kernel_us": 1e6 * gated_s,
-          "dense_gb_s": dense_bytes / dense_s / 1e9, "kernel_gb_s": kernel_bytes / gated_s / 1e9,
-          "kernel_weight_bytes": kernel_bytes, "dense_weight_bytes": dense_bytes,
-          "byte_ideal_speedup": dense_bytes / kernel_bytes, "speedup": pair["ratio"],
-          **interval_fields(pair), "compile_s": {"dense": pair["base_compile_s"],
-                                                 "kernel": pair["other_compile_s"]}}
+  return _row(c, pair, d, out, copies, kernel_bytes, k=c.k, tokens=tokens,
+              fast_share=float(jnp.mean(fast)))
+
+
+def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float) -> dict:
+  """Paired rounds of the kept-rows kernel and dense x @ W over the same copies."""
+  dtype = jnp.dtype(jnp.bfloat16)
+  copies = copies_for(c, d, out, dtype.itemsize)
+  kx, kk = jax.random.split(jax.random.key(tokens))
+  x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
+  keep = jax.random.uniform(kk, (tokens, d)) < share
+  Ws = [(jax.random.normal(jax.random.key(i), (d, out), jnp.float32) / math.sqrt(d))
+        .astype(dtype) for i in range(copies)]
+  pair = _paired(c, (x, keep), [(W,) for W in Ws],
+                 lambda x, keep, W: kept_kernel.kept_rows(x, keep, [W])[0])
+  rows = int(jnp.sum(jnp.any(keep, axis=0)))  # read when any token keeps them
+  return _row(c, pair, d, out, copies, rows * out * dtype.itemsize, tokens=tokens,
+              keep_share=float(jnp.mean(keep)), rows_read=rows)
 
 
 def timing(c: KernelBenchConfig) -> list[dict]:
@@ -261,11 +290,25 @@ def tiles(c: KernelBenchConfig) -> list[dict]:
   return rows
 
 
+def kept(c: KernelBenchConfig) -> list[dict]:
+  rows = []
+  d, out = c.maps[0]
+  for tokens in c.tokens:
+    for share in c.fast_shares:
+      rows.append(_timed_kept(c, d, out, tokens, share))
+      r = rows[-1]
+      logging.info("kept rows d=%d O=%d %d tokens, %.2f kept (%d rows read): %.1f us, dense "
+                   "%.1f us, %.2fx [%.2f, %.2f]", d, out, tokens, r["keep_share"],
+                   r["rows_read"], r["kernel_us"], r["dense_us"], r["speedup"],
+                   r["speedup_low"], r["speedup_high"])
+  return rows
+
+
 def run(c: KernelBenchConfig) -> dict:
   result = {"platform": device_platform(), "devices": str(jax.devices()),
             "config": dataclasses.asdict(c)}
   for part, fn in (("ceiling", ceiling), ("correct", correct), ("timing", timing),
-                   ("tiles", tiles)):
+                   ("tiles", tiles), ("kept", kept)):
     if part in c.parts:
       result[part] = fn(c)
   return result

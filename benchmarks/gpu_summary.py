@@ -3,11 +3,12 @@
   python benchmarks/gpu_summary.py --dir results/benchmarks/gpu
 
 Reads what the run's steps wrote to --dir (steps.txt: one `name exit_status seconds`
-line per step; kernel_check.json, kernel_timing.json, kernel_tiles.json and
-scale_gptj_6b.json) and writes gpu_summary.json there: each step's status, the read
-ceiling the run measured, the kernel's correctness, its calls beside dense at each token
-count and fast share (and every bandwidth as a share of that ceiling), the best decode
-tile, and the full-depth GPT-J-shaped calibration time and decode.  A step that failed or
+line per step; kernel_check.json, kernel_timing.json, kernel_tiles.json,
+kernel_kept.json and scale_gptj_6b.json) and writes gpu_summary.json there: each step's
+status, the read ceiling the run measured, the kernel's correctness, its calls beside
+dense at each token count and fast share (and every bandwidth as a share of that
+ceiling), the best decode tile, the kept-rows kernel beside dense at each kept share, and
+the full-depth GPT-J-shaped calibration time and decode.  A step that failed or
 never ran is reported as such; the others still are.  --nominal_gb_s (H200: 4800) is
 reported beside the measured ceiling, never divided by.
 """
@@ -26,8 +27,8 @@ _NOMINAL = flags.DEFINE_float("nominal_gb_s", 4800.0, "The device's nominal HBM 
 _OUT = flags.DEFINE_string("out", None, "JSON output (default: DIR/gpu_summary.json).")
 
 STEPS = "steps.txt"
-CHECK, TIMING, TILES, SCALE = ("kernel_check.json", "kernel_timing.json", "kernel_tiles.json",
-                               "scale_gptj_6b.json")
+CHECK, TIMING, TILES, KEPT, SCALE = ("kernel_check.json", "kernel_timing.json",
+                                     "kernel_tiles.json", "kernel_kept.json", "scale_gptj_6b.json")
 
 
 def _read(folder: str, name: str):
@@ -68,13 +69,14 @@ def correctness(check: dict) -> dict:
 def kernel_rows(timed: dict, ceiling) -> list | dict:
   if "missing" in timed:
     return timed
-  keys = ("d", "out", "k", "tokens", "fast_share", "kernel_us", "dense_us", "kernel_gb_s",
-          "dense_gb_s", "byte_ideal_speedup", "verdict")
+  keys = ("d", "out", "tokens", "kernel_us", "dense_us", "kernel_gb_s", "dense_gb_s",
+          "byte_ideal_speedup", "verdict")
+  optional = ("k", "fast_share", "keep_share", "rows_read", "block_o", "block_d", "num_warps")
   rows = []
-  for part in ("timing", "tiles"):
+  for part in ("timing", "tiles", "kept"):
     for r in timed.get(part, []):
       row = {key: r[key] for key in keys}
-      row.update({key: r[key] for key in ("block_o", "block_d", "num_warps") if key in r})
+      row.update({key: r[key] for key in optional if key in r})
       row.update({key: r[key] for key in ("speedup", "speedup_low", "speedup_high", "rounds")},
                  kernel_of_ceiling=_share(r["kernel_gb_s"], ceiling),
                  dense_of_ceiling=_share(r["dense_gb_s"], ceiling))
@@ -119,6 +121,7 @@ def summarise(folder: str, nominal: float) -> dict:
           "steps": steps(folder), "correctness": correctness(check),
           "kernel_calls": kernel_rows(_read(folder, TIMING), ceiling),
           "tiles": kernel_rows(tiles, ceiling), "best_tile": best_tile(tiles.get("tiles")),
+          "kept_calls": kernel_rows(_read(folder, KEPT), ceiling),
           "gptj_6b_shape": scale_figures(_read(folder, SCALE), ceiling)}
 
 

@@ -14,7 +14,8 @@ from gsi_jax.ops.kernel import TOLERANCE
 from tests.test_experiments import assert_one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["kernel_check", "kernel_tests", "kernel_timing", "kernel_tiles", "scale"]
+STEPS = ["kernel_check", "kernel_tests", "kernel_timing", "kernel_tiles", "kernel_kept",
+         "scale"]
 
 
 def run_benchmark(script, args):
@@ -41,7 +42,14 @@ def test_dry_run_passes_every_step(tmp_path):
   calls = s["kernel_calls"]
   assert [(r["tokens"], r["fast_share"]) for r in calls] == [
       (1, 0.0), (1, 1.0), (2, 0.0), (2, 0.5), (2, 1.0)]  # 0.5 of one token rounds to 0
-  for r in calls + s["tiles"]:
+  kept = s["kept_calls"]
+  assert [(r["tokens"], r["keep_share"] > 0) for r in kept] == [
+      (1, False), (1, True), (1, True), (2, False), (2, True), (2, True)]
+  for r in kept:  # a row is read when any token keeps it: rows_read of d = 256, O = 512
+    assert 0 <= r["rows_read"] <= 256
+    assert r["byte_ideal_speedup"] == (256 / r["rows_read"] if r["rows_read"] else None)
+  assert kept[2]["rows_read"] == kept[5]["rows_read"] == 256  # every input kept
+  for r in calls + s["tiles"] + kept:
     assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"] and r["rounds"] == 3
     assert r["kernel_of_ceiling"] == pytest.approx(r["kernel_gb_s"] / s["ceiling_gb_s"])
   # One token reads M (k x O) when fast and W (d x O) when slow: d = 256, k = 32.
