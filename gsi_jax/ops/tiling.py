@@ -19,7 +19,7 @@ A padded row, column or token is masked, never read.
 Per platform (targets: H200, sm_90, 132 SMs; MI300X, gfx942, 304 CUs, 64 KB LDS;
 TPU: Mosaic, whole panels in VMEM); the decode tiles at GPT-J's sites, k = 256:
 
-| platform | regime  | block_t × block_o, block_d, block_k      | W tile (elements) |
+| platform | regime  | block_t × block_o, block_d, block_k      | W tile (bf16 elements) |
 |----------|---------|------------------------------------------|-------------------|
 | cuda     | decode  | 1 × 128 → 32, 128 → 512, 128 → 256; 8 warps | 16384          |
 | cuda     | batch   | 16–64 × 64, 32, 32; split reduction       | 2048              |
@@ -67,7 +67,7 @@ class TilePlan:
   program.  block_d / block_k: rows of W / M per loop step.  min_programs: the
   reduction is split in powers of two until a call has this many programs,
   or, with min_block_o, block_o halves (down to min_block_o) until it has, while
-  block_d and block_k grow to keep the tile's elements (no split).  pad_inputs:
+  block_d and block_k grow to keep the tile's bytes (no split).  pad_inputs:
   Mosaic (TPU) has no masked loads, so ragged arrays are padded in XLA (a copy)
   instead of masked in the kernel.
   """
