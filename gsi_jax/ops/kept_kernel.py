@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
 from gsi_jax.ops.kernel import INTERPRETED_PLAN, PRECISION
-from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, store
+from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, outputs, pad, store, summed
 
 
 def kept_rows_reference(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
@@ -121,28 +121,6 @@ def _kept_dots_kernel(x_ref, keep_ref, W_ref, y_ref, *, lay: tiling.CallLayout):
   store(y_ref, (y[None, :] if vector else y).astype(y_ref.dtype), rows_ok)
 
 
-def _outputs(lay: tiling.CallLayout, dtype, blocks):
-  """Each map's output and its block spec: (padded tokens, O) in x's dtype, or float32
-  partial sums per split that XLA adds.  Columns past O are stored masked; tokens are
-  padded (Triton masks no block that overhangs its array)."""
-  bt, bo, Tp = lay.block_t, lay.block_o, lay.padded_tokens
-  if lay.splits == 1:
-    return ([jax.ShapeDtypeStruct((Tp, o), dtype) for o in lay.outs],
-            [pl.BlockSpec((bt, bo), lambda i, j, s, b=b: (i, b(j))) for b in blocks])
-  return ([jax.ShapeDtypeStruct((lay.splits, Tp, o), jnp.float32) for o in lay.outs],
-          [pl.BlockSpec((None, bt, bo), lambda i, j, s, b=b: (s, i, b(j))) for b in blocks])
-
-
-def _tokens_padded(a, lay: tiling.CallLayout):
-  return a if lay.padded_tokens == lay.tokens else \
-      jnp.pad(a, ((0, lay.padded_tokens - lay.tokens), (0, 0)))
-
-
-def _summed(ys, lay: tiling.CallLayout, dtype):
-  ys = [jnp.sum(y, axis=0).astype(dtype) for y in ys] if lay.splits > 1 else list(ys)
-  return [y if lay.padded_tokens == lay.tokens else y[:lay.tokens] for y in ys]
-
-
 def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
                  plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kept-rows kernel with `platform`'s tile plan (cuda or rocm), compiled or
@@ -152,7 +130,7 @@ def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
   lay = tiling.layout(plan or tiling.plan_for(platform, T), T, D, 1, outs,
                       itemsize=jnp.dtype(Ws[0].dtype).itemsize)
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
-  out_shapes, out_specs = _outputs(lay, x_TD.dtype, blocks)
+  out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
   ys = pl.pallas_call(
       functools.partial(_kept_rows_kernel, lay=lay),
       out_shape=out_shapes, grid=lay.grid,
@@ -162,8 +140,8 @@ def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
       out_specs=out_specs, interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_rows",
-  )(_tokens_padded(jnp.where(keep_TD, x_TD, 0), lay), *Ws)
-  return _summed(ys, lay, x_TD.dtype)
+  )(pad(jnp.where(keep_TD, x_TD, 0), (lay.padded_tokens, D)), *Ws)
+  return summed(ys, lay, x_TD.dtype)
 
 
 def kept_dots_on(platform: str, x_TD, keep_TO, W_OD, *, plan: tiling.TilePlan | None = None,
@@ -174,7 +152,7 @@ def kept_dots_on(platform: str, x_TD, keep_TO, W_OD, *, plan: tiling.TilePlan | 
   lay = tiling.layout(plan or tiling.plan_for(platform, T), T, D, 1, W_OD.shape[0],
                       itemsize=jnp.dtype(W_OD.dtype).itemsize)
   bt, bo = lay.block_t, lay.block_o
-  [out_shape], [out_spec] = _outputs(lay, x_TD.dtype, [lambda j: j])
+  [out_shape], [out_spec] = outputs(lay, x_TD.dtype, [lambda j: j])
   [y] = pl.pallas_call(
       functools.partial(_kept_dots_kernel, lay=lay),
       out_shape=[out_shape], grid=lay.grid,
@@ -184,8 +162,9 @@ def kept_dots_on(platform: str, x_TD, keep_TO, W_OD, *, plan: tiling.TilePlan | 
       out_specs=[out_spec], interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_dots",
-  )(_tokens_padded(x_TD, lay), _tokens_padded(keep_TO.astype(jnp.int32), lay), W_OD)
-  [y] = _summed([y], lay, x_TD.dtype)
+  )(pad(x_TD, (lay.padded_tokens, D)),
+    pad(keep_TO.astype(jnp.int32), (lay.padded_tokens, W_OD.shape[0])), W_OD)
+  [y] = summed([y], lay, x_TD.dtype)
   return y
 
 

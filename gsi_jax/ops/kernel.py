@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
 from gsi_jax.ops.gate import gate_mask
-from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, store
+from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, outputs, pad, store, summed
 
 FAST, SLOW, PADDING = 1, 0, -1
 INTERPRETED_PLAN = "cuda"  # the plan cpu runs in interpret mode
@@ -157,11 +157,6 @@ def _kernel(eps_ref, xn_ref, gn_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout
     pl.when((j >= start) & (j < start + lay.map_blocks[m]))(functools.partial(one_map, m))
 
 
-def _pad(a: jax.Array, shape) -> jax.Array:
-  pads = [(0, n - m) for m, n in zip(a.shape, shape)]
-  return jnp.pad(a, pads) if any(p for _, p in pads) else a
-
-
 def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False,
                     plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kernel with `platform`'s tile plan (or `plan`), compiled for it or interpreted.
@@ -182,28 +177,22 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
   lay = tiling.layout(plan, T, D, K, outs, m_cols, jnp.dtype(Ws[0].dtype).itemsize)
   Tp, Dp, Kp = lay.padded_tokens, lay.padded_d, lay.padded_k
   eps = jnp.asarray(eps, jnp.float32)
-  x = _pad(x_TD, (Tp, Dp))
-  g = _pad(g_TK, (Tp, Kp))
-  Ms = [_pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]
-  Ws = [_pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
+  x = pad(x_TD, (Tp, Dp))
+  g = pad(g_TK, (Tp, Kp))
+  Ms = [pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]
+  Ws = [pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
   bt, bo = lay.block_t, lay.block_o
   if eps.ndim == 0:
     eps, eps_spec = eps.reshape(1, 1), pl.BlockSpec((1, 1), lambda i, j, s: (0, 0))
   else:
-    eps, eps_spec = _pad(eps[:, None], (Tp, 1)), pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))
+    eps, eps_spec = pad(eps[:, None], (Tp, 1)), pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   if w_transposed:
     w_specs = [pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s, b=b: (b(j), s)) for b in blocks]
   else:
     w_specs = [pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
   m_specs = [pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
-  if lay.splits == 1:
-    out_shapes = [jax.ShapeDtypeStruct((Tp, o), x_TD.dtype) for o in lay.padded_outs]
-    out_specs = [pl.BlockSpec((bt, bo), lambda i, j, s, b=b: (i, b(j))) for b in blocks]
-  else:
-    out_shapes = [jax.ShapeDtypeStruct((lay.splits, Tp, o), jnp.float32)
-                  for o in lay.padded_outs]
-    out_specs = [pl.BlockSpec((None, bt, bo), lambda i, j, s, b=b: (s, i, b(j))) for b in blocks]
+  out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
   *ys, state = pl.pallas_call(
       functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
       out_shape=[*out_shapes, jax.ShapeDtypeStruct((Tp, 1), jnp.int32)],
@@ -219,10 +208,7 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
       compiler_params=None if interpret else tiling.compiler_params(platform, plan),
       name="gsi_gated_matmul",
   )(eps, x, g, x, g, *Ms, *Ws)
-  if lay.splits > 1:
-    ys = [jnp.sum(y, axis=0).astype(x_TD.dtype) for y in ys]
-  ys = [y if y.shape == (T, out) else y[:T, :out] for y, out in zip(ys, outs)]
-  return ys, state[:T, 0] == FAST
+  return summed(ys, lay, x_TD.dtype), state[:T, 0] == FAST
 
 
 @functools.partial(jax.jit, static_argnames=("w_transposed",))

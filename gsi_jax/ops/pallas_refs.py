@@ -1,7 +1,9 @@
-"""Masked loads and stores of Pallas refs, shared by the kernels (`kernel`, `kept_kernel`).
+"""What the Pallas kernels (`kernel`, `kept_kernel`) share: masked loads and stores of refs,
+and a call's outputs by its layout.
 
 A masked-off lane is not read (it loads as zero) or not written: on a GPU that is what
-skips a weight row's bytes or keeps a ragged last block inside its array.
+skips a weight row's bytes or keeps a ragged last block inside its array.  Pallas' Triton
+lowering masks no block that overhangs its array, so tokens are padded to whole blocks.
 """
 
 from __future__ import annotations
@@ -9,7 +11,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
+
+from gsi_jax.ops import tiling
 
 
 def iota(n: int) -> jax.Array:
@@ -46,3 +51,28 @@ def map_block(start: int, blocks: int, shared: bool):
   if not shared:
     return lambda j: j
   return lambda j: jnp.clip(j - start, 0, blocks - 1)
+
+
+def pad(a: jax.Array, shape) -> jax.Array:
+  """a zero-padded up to `shape` (no op where it already has it)."""
+  pads = [(0, n - m) for m, n in zip(a.shape, shape)]
+  return jnp.pad(a, pads) if any(p for _, p in pads) else a
+
+
+def outputs(lay: tiling.CallLayout, dtype, blocks):
+  """Each map's output and its block spec, `blocks` giving each map's block for grid
+  column j: (padded tokens, O) in `dtype`, or float32 partial sums per split."""
+  bt, bo, Tp = lay.block_t, lay.block_o, lay.padded_tokens
+  if lay.splits == 1:
+    return ([jax.ShapeDtypeStruct((Tp, o), dtype) for o in lay.padded_outs],
+            [pl.BlockSpec((bt, bo), lambda i, j, s, b=b: (i, b(j))) for b in blocks])
+  return ([jax.ShapeDtypeStruct((lay.splits, Tp, o), jnp.float32) for o in lay.padded_outs],
+          [pl.BlockSpec((None, bt, bo), lambda i, j, s, b=b: (s, i, b(j))) for b in blocks])
+
+
+def summed(ys, lay: tiling.CallLayout, dtype) -> list[jax.Array]:
+  """`outputs` as (tokens, O) in `dtype`: the splits' partial sums added (by XLA), the
+  padding cut."""
+  ys = [jnp.sum(y, axis=0).astype(dtype) for y in ys] if lay.splits > 1 else list(ys)
+  return [y if y.shape == (lay.tokens, o) else y[:lay.tokens, :o]
+          for y, o in zip(ys, lay.outs)]
