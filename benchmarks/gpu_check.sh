@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Everything worth measuring on a lent GPU, in one run of at most 8 minutes (the step limits
-# sum to 480 s), on the machine's own image with nothing installed:
+# Everything worth measuring on a lent GPU, in one run of at most 9.5 minutes (the step
+# limits sum to 555 s, sized by the steps' times on an H200: BUILD_NOTES), on the machine's own image with nothing installed:
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 3 minutes
@@ -18,7 +18,7 @@ if [ "$DRY" = 1 ]; then
   OUT_DIR=${OUT:-/tmp/gpu_check_dry}
   export JAX_PLATFORMS=cpu
   KERNEL=(--dry)
-  SCALE=(--shape gptj-tiny --calib_tokens 256 --seq_len 64 --k 16 --decode_k 32
+  SCALE=(--shape gptj-tiny --calib_tokens 256 --seq_len 64 --k 16 --decode_k 16
          --new_tokens 4 --repeats 1 --decode_layers 2)
 else
   OUT_DIR=${OUT:-results/benchmarks/gpu}
@@ -44,25 +44,30 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status sec
 
 # 1. The read ceiling (a sum over 2 GiB and a copy), then the kernel against its HIGHEST
 #    reference at GPT-J's maps, float32 and bfloat16, 1/16/256 tokens, slow/mixed/fast.
-step kernel_check 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts ceiling,correct \
+step kernel_check 80 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts ceiling,correct \
     --out "$OUT_DIR/kernel_check.json"
 # 2. The compiled kernel's own tests: interpret-mode cases, the tied head, GPT-J's maps.
-step kernel_tests 60 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py -k TestCompiledOnGPU
-# 3. The kernel's calls beside dense x @ W at GPT-J's fc_in, bf16, cache-cold (W copies
-#    exceed 4x L2), 1, 2, 4, 8 and 16 tokens, all slow, half and all fast: paired rounds.
-step kernel_timing 100 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
-    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_timing.json"
+step kernel_tests 80 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py -k TestCompiledOnGPU
+# 3. The kernel's calls beside dense x @ W at GPT-J's three map shapes (fc_in first), bf16,
+#    cache-cold (W copies exceed 4x L2), 1, 4 and 16 tokens, all slow, half and all fast:
+#    paired rounds.  Every step's JSON is rewritten after each row: a step cut short keeps
+#    the rows it finished.
+step kernel_timing 50 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
+    $([ "$DRY" = 1 ] || echo --tokens 1,4,16) \
+    --out "$OUT_DIR/kernel_timing.json"
 # 4. Decode tiles (block_o x block_d x warps) at 1 token, all slow and all fast.
-step kernel_tiles 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
+step kernel_tiles 25 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
     $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_tiles.json"
-# 5. The kept-rows kernel (sparsity's product) beside dense x @ W at GPT-J's fc_in, bf16,
-#    cache-cold, 1-16 tokens, kept shares 0, 0.5 and 1: paired rounds.
-step kernel_kept 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
-    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_kept.json"
+# 5. The kept-rows kernel (sparsity's product), then the kept-dots kernel (CATS' up
+#    projection), each beside dense x @ W at GPT-J's fc_in, bf16, cache-cold, 1, 4 and 16
+#    tokens, kept shares 0, 0.5 and 1: paired rounds, and each one's error.
+step kernel_kept 40 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
+    $([ "$DRY" = 1 ] || echo --maps 4096x16384 --tokens 1,4,16) \
+    --out "$OUT_DIR/kernel_kept.json"
 # 6. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
-#    disk): streaming calibration (cascade) against the paper's ~30 s, then decode through
-#    the kernel beside dense XLA in the same process.
-step scale 140 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
+#    disk): streaming calibration (cascade) against the paper's ~30 s, then decode of the
+#    same model with those bases through the kernel beside dense XLA in the same process.
+step scale 280 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
     --dtype bfloat16 --decode_dtype bfloat16 --method cascade \
     --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
 timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR"

@@ -1,5 +1,6 @@
 """The gated kernel on one device: the read ceiling, correctness against HIGHEST references,
-the kernel's calls timed beside dense at 1-16 tokens, and a sweep of decode tiles.
+the kernel's calls timed beside dense at 1-16 tokens, a sweep of decode tiles, and the
+kept-rows and kept-dots kernels beside dense.
 
   PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts ceiling,correct --out ceiling.json
   PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts timing --out timing.json
@@ -20,9 +21,13 @@ Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
            paired rounds, the median ratio and its bootstrap 95% interval (`benchmarking`);
   tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
            --tiles decode plan (block_o x block_d x warps, no split reduction);
-  kept     the kept-rows kernel (`kept_kernel.kept_rows`: sparsity's product) timed the same
-           way at --tokens and --fast_share shares of kept inputs (each token keeps its own
-           random share; a row is read when any token keeps it), beside dense x @ W.
+  kept     the kept-rows kernel (`kept_kernel.kept_rows`: sparsity's product) and the
+           kept-dots kernel (`kept_kernel.kept_dots`: CATS' up projection, W stored (O, d))
+           timed the same way at --tokens and --fast_share shares kept (each token keeps
+           its own random share; a row is read when any token keeps it), beside dense
+           x @ W, each with its error against its reference.
+The JSON is written again after every row, so a run stopped by a time limit keeps what it
+measured.
 --dry: d = 256, O = 512, k = 32, 1 and 2 tokens, a 64 MiB ceiling, 4 copies and 2 tile
 plans, where a flag does not say otherwise: the whole path in a minute on a CPU, where the
 kernel runs interpreted (its times then mean nothing).
@@ -166,8 +171,8 @@ def fast_tokens(tokens: int, share: float) -> jax.Array:
       jnp.ones((tokens,), bool)
 
 
-def correct(c: KernelBenchConfig) -> list[dict]:
-  rows = []
+def correct(c: KernelBenchConfig):
+  """Yields one case at a time: the kernel against its reference."""
   for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
                                           for dt in (jnp.float32, jnp.bfloat16)
                                           for t in CORRECT_TOKENS for f in CORRECT_SHARES):
@@ -177,13 +182,10 @@ def correct(c: KernelBenchConfig) -> list[dict]:
     error = kernel.relative_error(y, ref)
     tolerance = kernel.TOLERANCE[jnp.dtype(dtype)]
     same_gate = bool(jnp.array_equal(fast, ref_fast))
-    rows.append({"d": d, "out": out, "k": c.k, "dtype": jnp.dtype(dtype).name,
-                 "tokens": tokens, "fast_share": float(jnp.mean(ref_fast)),
-                 "relative_error": error, "tolerance": tolerance, "same_gate": same_gate,
-                 "passed": error <= tolerance and same_gate})
-  failed = [r for r in rows if not r["passed"]]
-  logging.info("correct: %d of %d cases within tolerance", len(rows) - len(failed), len(rows))
-  return rows
+    yield {"d": d, "out": out, "k": c.k, "dtype": jnp.dtype(dtype).name,
+           "tokens": tokens, "fast_share": float(jnp.mean(ref_fast)),
+           "relative_error": error, "tolerance": tolerance, "same_gate": same_gate,
+           "passed": error <= tolerance and same_gate}
 
 
 def copies_for(c: KernelBenchConfig, d: int, out: int, itemsize: int) -> int:
@@ -191,9 +193,14 @@ def copies_for(c: KernelBenchConfig, d: int, out: int, itemsize: int) -> int:
   return max(2, math.ceil(4 * c.cache_mb * 1e6 / (d * out * itemsize)))
 
 
-def _paired(c: KernelBenchConfig, fixed, copies, call) -> dict:
-  """Paired rounds of call(*fixed, *copy) and dense fixed[0] @ copy[-1] (x @ W), each one
-  program of c.inner passes over the same copies."""
+def _dense(x, *rest):
+  """Dense x @ W, W the copy's last array."""
+  return x @ rest[-1]
+
+
+def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense) -> dict:
+  """Paired rounds of call(*fixed, *copy) and dense(*fixed, *copy), each one program of
+  c.inner passes over the same copies."""
   def passes(product):
     @jax.jit
     def run(fixed, copies):
@@ -204,7 +211,7 @@ def _paired(c: KernelBenchConfig, fixed, copies, call) -> dict:
       return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
     return lambda: run(fixed, copies).block_until_ready()
 
-  return timed_pair(passes(lambda x, *rest: x @ rest[-1]), passes(call), c.repeats)
+  return timed_pair(passes(dense), passes(call), c.repeats)
 
 
 def _row(c: KernelBenchConfig, pair: dict, d: int, out: int, copies: int, kernel_bytes: float,
@@ -245,72 +252,92 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
               fast_share=float(jnp.mean(fast)))
 
 
-def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float) -> dict:
-  """Paired rounds of the kept-rows kernel and dense x @ W over the same copies."""
+def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float,
+                dots: bool) -> dict:
+  """Paired rounds of a kept kernel and dense x @ W over the same copies, and the kernel's
+  error against its reference on the first copy.  dots: kept dots (keep over the O
+  outputs, W stored (O, d)); else kept rows (keep over the d inputs, W stored (d, O))."""
   dtype = jnp.dtype(jnp.bfloat16)
   copies = copies_for(c, d, out, dtype.itemsize)
   kx, kk = jax.random.split(jax.random.key(tokens))
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
-  keep = jax.random.uniform(kk, (tokens, d)) < share
-  Ws = [(jax.random.normal(jax.random.key(i), (d, out), jnp.float32) / math.sqrt(d))
-        .astype(dtype) for i in range(copies)]
-  pair = _paired(c, (x, keep), [(W,) for W in Ws],
-                 lambda x, keep, W: kept_kernel.kept_rows(x, keep, [W])[0])
+  keep = jax.random.uniform(kk, (tokens, out if dots else d)) < share
+  Ws = [(jax.random.normal(jax.random.key(i), (out, d) if dots else (d, out), jnp.float32)
+         / math.sqrt(d)).astype(dtype) for i in range(copies)]
+  if dots:
+    call, reference = kept_kernel.kept_dots, kept_kernel.kept_dots_reference
+    dense = lambda x, keep, W: x @ W.T
+  else:
+    call = lambda x, keep, W: kept_kernel.kept_rows(x, keep, [W])[0]
+    reference = lambda x, keep, W: kept_kernel.kept_rows_reference(x, keep, [W])[0]
+    dense = _dense
+  error = kernel.relative_error(call(x, keep, Ws[0]), reference(x, keep, Ws[0]))
+  pair = _paired(c, (x, keep), [(W,) for W in Ws], call, dense)
   rows = int(jnp.sum(jnp.any(keep, axis=0)))  # read when any token keeps them
-  return _row(c, pair, d, out, copies, rows * out * dtype.itemsize, tokens=tokens,
-              keep_share=float(jnp.mean(keep)), rows_read=rows)
+  return _row(c, pair, d, out, copies, rows * (d if dots else out) * dtype.itemsize,
+              kernel="kept_dots" if dots else "kept_rows", tokens=tokens,
+              keep_share=float(jnp.mean(keep)), rows_read=rows, relative_error=error,
+              tolerance=kernel.TOLERANCE[dtype], passed=error <= kernel.TOLERANCE[dtype])
 
 
-def timing(c: KernelBenchConfig) -> list[dict]:
-  rows = []
+def timing(c: KernelBenchConfig):
+  """Yields the kernel's calls beside dense, one map, token count and fast share at a time."""
   for d, out in c.maps:
     for tokens in c.tokens:
       for share in sorted({round(f * tokens) / tokens for f in c.fast_shares}):
-        rows.append(_timed_pair(c, d, out, tokens, share))
-        r = rows[-1]
+        r = _timed_pair(c, d, out, tokens, share)
         logging.info("d=%d O=%d %d tokens f=%.2f: kernel %.1f us (%.0f GB/s), dense %.1f us,"
                      " %.2fx [%.2f, %.2f] (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
                      r["kernel_us"], r["kernel_gb_s"], r["dense_us"], r["speedup"],
-                     r["speedup_low"], r["speedup_high"],
-                     r["byte_ideal_speedup"])
-  return rows
+                     r["speedup_low"], r["speedup_high"], r["byte_ideal_speedup"])
+        yield r
 
 
-def tiles(c: KernelBenchConfig) -> list[dict]:
-  rows = []
+def tiles(c: KernelBenchConfig):
+  """Yields each decode plan's call at 1 token, all slow and all fast."""
   d, out = c.maps[0]
   sms = {"cuda": 132, "rocm": 304}.get(device_platform(), 1)
   for bo, bd, warps in c.tiles:
     plan = tiling.TilePlan(1, bo, bd, bd, sms, num_warps=warps, num_stages=1, min_block_o=bo)
     for share in (0.0, 1.0):
       row = _timed_pair(c, d, out, 1, share, plan)
-      rows.append({"block_o": bo, "block_d": bd, "num_warps": warps, **row})
       logging.info("tile %dx%dx%d f=%.0f: %.1f us, %.0f GB/s", bo, bd, warps, share,
                    row["kernel_us"], row["kernel_gb_s"])
-  return rows
+      yield {"block_o": bo, "block_d": bd, "num_warps": warps, **row}
 
 
-def kept(c: KernelBenchConfig) -> list[dict]:
-  rows = []
+def kept(c: KernelBenchConfig):
+  """Yields the kept-rows, then the kept-dots kernel beside dense at each token count and
+  kept share."""
   d, out = c.maps[0]
-  for tokens in c.tokens:
-    for share in c.fast_shares:
-      rows.append(_timed_kept(c, d, out, tokens, share))
-      r = rows[-1]
-      logging.info("kept rows d=%d O=%d %d tokens, %.2f kept (%d rows read): %.1f us, dense "
-                   "%.1f us, %.2fx [%.2f, %.2f]", d, out, tokens, r["keep_share"],
-                   r["rows_read"], r["kernel_us"], r["dense_us"], r["speedup"],
-                   r["speedup_low"], r["speedup_high"])
-  return rows
+  for dots in (False, True):
+    for tokens in c.tokens:
+      for share in c.fast_shares:
+        r = _timed_kept(c, d, out, tokens, share, dots)
+        logging.info("%s d=%d O=%d %d tokens, %.2f kept (%d rows read): %.1f us, dense "
+                     "%.1f us, %.2fx [%.2f, %.2f], error %.1e", r["kernel"], d, out, tokens,
+                     r["keep_share"], r["rows_read"], r["kernel_us"], r["dense_us"],
+                     r["speedup"], r["speedup_low"], r["speedup_high"], r["relative_error"])
+        yield r
 
 
-def run(c: KernelBenchConfig) -> dict:
+def run(c: KernelBenchConfig, save=lambda result: None) -> dict:
+  """Every part of c.parts; save(result) after each row, so a stopped run keeps its rows."""
   result = {"platform": device_platform(), "devices": str(jax.devices()),
             "config": dataclasses.asdict(c)}
-  for part, fn in (("ceiling", ceiling), ("correct", correct), ("timing", timing),
-                   ("tiles", tiles), ("kept", kept)):
+  if "ceiling" in c.parts:
+    result["ceiling"] = ceiling(c)
+    save(result)
+  for part, rows in (("correct", correct), ("timing", timing), ("tiles", tiles),
+                     ("kept", kept)):
     if part in c.parts:
-      result[part] = fn(c)
+      result[part] = []
+      for row in rows(c):
+        result[part].append(row)
+        save(result)
+  if "correct" in result:
+    logging.info("correct: %d of %d cases within tolerance",
+                 sum(r["passed"] for r in result["correct"]), len(result["correct"]))
   return result
 
 
@@ -318,7 +345,8 @@ def main(argv):
   del argv
   c = config_from_flags()
   out = experiment.check_output_path(c.out)
-  experiment.write_json(out, run(c))
+  save = lambda result: experiment.write_json(out, result, quiet=True)
+  experiment.write_json(out, run(c, save))
 
 
 if __name__ == "__main__":

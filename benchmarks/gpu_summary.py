@@ -7,7 +7,8 @@ line per step; kernel_check.json, kernel_timing.json, kernel_tiles.json,
 kernel_kept.json and scale_gptj_6b.json) and writes gpu_summary.json there: each step's
 status, the read ceiling the run measured, the kernel's correctness, its calls beside
 dense at each token count and fast share (and every bandwidth as a share of that
-ceiling), the best decode tile, the kept-rows kernel beside dense at each kept share, and
+ceiling), the best decode tile, the kept-rows and kept-dots kernels beside dense at each
+kept share (with each one's error against its reference), and
 the full-depth GPT-J-shaped calibration time and decode.  A step that failed or
 never ran is reported as such; the others still are.  --nominal_gb_s (H200: 4800) is
 reported beside the measured ceiling, never divided by.
@@ -71,7 +72,8 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
     return timed
   keys = ("d", "out", "tokens", "kernel_us", "dense_us", "kernel_gb_s", "dense_gb_s",
           "byte_ideal_speedup", "verdict")
-  optional = ("k", "fast_share", "keep_share", "rows_read", "block_o", "block_d", "num_warps")
+  optional = ("kernel", "k", "fast_share", "keep_share", "rows_read", "relative_error",
+              "passed", "block_o", "block_d", "num_warps")
   rows = []
   for part in ("timing", "tiles", "kept"):
     for r in timed.get(part, []):
@@ -99,7 +101,7 @@ def scale_figures(scale: dict, ceiling) -> dict:
   if "missing" in scale:
     return scale
   keep = ("shape", "layers", "calib_tokens", "k", "devices", "load_s", "calibration_s",
-          "solve_s", "decode_layers", "decode_dtype", "dense_tokens_per_s",
+          "solve_s", "decode_layers", "decode_dtype", "decode_bases", "dense_tokens_per_s",
           "dense_bandwidth_gb_s", "points")
   out = {key: scale.get(key) for key in keep}
   if scale.get("dense_bandwidth_gb_s") is not None:

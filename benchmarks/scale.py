@@ -16,7 +16,9 @@ Token ids are random too.  Phases, each in this one process:
   decode     float32 weights cut to --decode_layers blocks at the model's layer
              shape: dense, GSI static (eps = inf) and gated GSI, cache-cold
              by construction (gigabytes of weights per token), against the byte
-             ideal of the same parameters and measured fast shares.
+             ideal of the same parameters and measured fast shares; where the
+             decode model is the calibrated one (same depth and dtype), it and
+             its first method's bases are reused, not loaded and calibrated again.
 
 On several processes (--coordinator_address, --num_processes, --process_id) every
 phase runs on one mesh over all of them, each process reading its columns of the
@@ -166,8 +168,9 @@ def _by_width(values: dict, widths: dict, scale: float = 1.0) -> dict:
   return {str(d): v for d, v in sorted(out.items())}
 
 
-def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
-  """Streaming calibration per method at full depth, and exact eigh on the first layers."""
+def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
+  """Streaming calibration per method at full depth, and exact eigh on the first layers:
+  the result's fields, and the bases by streamed method."""
   result = {"calibration_s": {}, "solve_s": {}, "calib_peak_rss_gb": {}, "solve_s_by_width": {},
             "lobpcg_iterations": {}, "energy_loss_vs_eigh": {}, "energy_loss_by_site": {},
             "calibration_basis": {}}
@@ -198,7 +201,7 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
     logging.info("%s: %.1f s (solve %.1f s), peak %.2f GB", method, seconds,
                  result["solve_s"][method], mem.gb)
   if not cfg.eigh_layers:
-    return result
+    return result, bases_by_method
   # eigh: the reference, measured on the first layers (same inputs as the streaming runs).
   head, head_params = _first_layers(model, model.params, cfg.eigh_layers)
   with PeakMemory() as mem:
@@ -232,15 +235,24 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> dict:
               for key, (G, w) in reference.items()}
     result["energy_loss_by_site"][method] = losses
     result["energy_loss_vs_eigh"][method] = max(losses.values())
-  return result
+  return result, bases_by_method
 
 
-def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
-  """Dense, static and gated decode of the model cut to --decode_layers blocks."""
-  model = load(cfg, cfg.decode_dtype, cfg.decode_layers, mesh)
-  bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
-                            seq_len=cfg.seq_len, source="random token ids", progress=False,
-                            mesh=mesh)
+def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None, save=lambda out: None,
+                          calibrated=None) -> dict:
+  """Dense, static and gated decode of the model cut to --decode_layers blocks; save(out)
+  after dense and after each point.  calibrated: (model, bases, method) of the full-depth
+  calibration when it is this very model (same depth and dtype, k >= decode_k), reused
+  instead of loading and calibrating again (krylov)."""
+  if calibrated is None:
+    model = load(cfg, cfg.decode_dtype, cfg.decode_layers, mesh)
+    bases = gsi_jax.calibrate(model, model.params, ids, cfg.decode_k, method="krylov",
+                              seq_len=cfg.seq_len, source="random token ids", progress=False,
+                              mesh=mesh)
+    bases_from = "krylov at the decode depth"
+  else:
+    model, bases, method = calibrated
+    bases_from = f"{method} at full depth (reused)"
   params = gsi_jax.apply_gsi(model.params, bases, cfg.decode_k)
   if mesh is not None:
     params = sharding.shard_params(params, mesh)
@@ -256,12 +268,14 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
   dense_bytes = metrics.byte_accounting(model.params)["bytes_per_token_dense"]
   share_of_peak = lambda gb_s: gb_s / cfg.peak_bandwidth_gb_s if cfg.peak_bandwidth_gb_s else None
   out = {"decode_layers": cfg.decode_layers, "decode_k": cfg.decode_k,
+         "decode_bases": bases_from,
          "decode_dtype": cfg.decode_dtype, "peak_bandwidth_gb_s": cfg.peak_bandwidth_gb_s or None,
          "gated_eps_from": "median rho of held-out random ids",
          "dense_bandwidth_share": share_of_peak(dense_tps * dense_bytes / 1e9),
          "decode_weights_gb": sum(x.nbytes for x in jax.tree.leaves(model.params)) / 1e9,
          "dense_tokens_per_s": dense_tps, "dense_compile_s": dense_compile,
          "dense_bandwidth_gb_s": dense_tps * dense_bytes / 1e9, "points": []}
+  save(out)
   for name, eps in (("static", math.inf), ("gated_median_rho", median_rho), ("gated_all_slow", 0.0)):
     gate = gsi_jax.make_gate(eps, impl=cfg.impl, batch1_switch=True)
     timed = decode_beside(model, prompt, cfg.new_tokens, cfg.repeats, params, gate,
@@ -278,6 +292,7 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None) -> dict:
     logging.info("decode %s: %.2f tok/s (dense beside it %.2f), %.2fx [%.2f, %.2f], byte "
                  "ideal x%.2f", name, tps, timed["dense_tokens_per_s"], timed["measured_speedup"],
                  timed["speedup_low"], timed["speedup_high"], b["speedup_bytes"])
+    save(out)
   static = out["points"][0]
   out.update(static_tokens_per_s=static["tokens_per_s"],
              byte_ideal_speedup=static["byte_ideal_speedup"],
@@ -299,7 +314,9 @@ def load(cfg: ScaleConfig, dtype: str, layers: int | None, mesh=None):
   return gsi_jax.load_model(cfg.checkpoint, dtype, n_layers=layers, mesh=mesh)
 
 
-def run(cfg: ScaleConfig) -> dict:
+def run(cfg: ScaleConfig, save=lambda result: None) -> dict:
+  """Calibration at full depth, then decode; save(result) after calibration and after each
+  decode point, so a run stopped by a time limit keeps what it measured."""
   made = None
   if not cfg.in_memory and not synthetic.is_complete(cfg.checkpoint) \
       and distributed.is_primary():
@@ -318,7 +335,7 @@ def run(cfg: ScaleConfig) -> dict:
   rng = np.random.default_rng(0)
   n = cfg.calib_tokens // cfg.seq_len
   ids = rng.integers(0, model.config.vocab_size, (n, cfg.seq_len)).astype(np.int32)
-  calib = calibrate_all(cfg, model, ids, mesh)
+  calib, bases_by_method = calibrate_all(cfg, model, ids, mesh)
   result = {"shape": cfg.shape, "layers": model.config.n_layers, "dtype": cfg.dtype,
             "weights_gb": weights_gb, "load_s": load_s, "load_peak_rss_gb": mem.gb,
             "load_peak_over_weights": mem.gb / weights_gb, "calib_tokens": int(ids.size),
@@ -329,9 +346,16 @@ def run(cfg: ScaleConfig) -> dict:
             "devices": str(jax.devices()), "sites": sorted(
                 {f"{site}:{d}" for sites in P.site_widths(model.params).values()
                  for site, d in sites.items()}), **calib}
-  del model
+  save(result)
+  calibrated = None
+  if (cfg.decode_layers == model.config.n_layers and cfg.decode_dtype == cfg.dtype
+      and cfg.decode_k <= cfg.k and bases_by_method):
+    method, bases = next(iter(bases_by_method.items()))
+    calibrated = (model, bases, method)
+  del model, bases_by_method
   if cfg.decode_layers:
-    result.update(decode_at_layer_shape(cfg, ids, mesh))
+    result.update(decode_at_layer_shape(cfg, ids, mesh, calibrated=calibrated,
+                                        save=lambda decode: save({**result, **decode})))
   return result
 
 
@@ -351,7 +375,8 @@ def main(argv):
     raise GSIError("--in_memory generates whole weights in one process; on several processes "
                    "give --checkpoint, which each process reads its columns of")
   check_depth(cfg)
-  experiment.write_json(out, run(cfg))
+  experiment.write_json(out, run(cfg, save=lambda result: experiment.write_json(
+      out, result, quiet=True)))
 
 
 if __name__ == "__main__":

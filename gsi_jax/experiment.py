@@ -100,13 +100,14 @@ def write_text_atomic(path: str, content: str) -> None:
     raise
 
 
-def write_json(path: str, value) -> str:
+def write_json(path: str, value, *, quiet: bool = False) -> str:
   """Strict JSON (no bare Infinity/NaN), written atomically.  A result (a dict) gains a
-  `run` field: the machine, the versions and the wall time from the process's start."""
+  `run` field: the machine, the versions and the wall time from the process's start.
+  quiet: no log line (a partial result saved again and again as rows come in)."""
   if isinstance(value, dict):
     value = {**value, "run": provenance.run_record()}
   write_text_atomic(path, json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n")
-  if distributed.is_primary():
+  if distributed.is_primary() and not quiet:
     logging.info("wrote %s", path)
   return path
 

@@ -43,12 +43,15 @@ def test_dry_run_passes_every_step(tmp_path):
   assert [(r["tokens"], r["fast_share"]) for r in calls] == [
       (1, 0.0), (1, 1.0), (2, 0.0), (2, 0.5), (2, 1.0)]  # 0.5 of one token rounds to 0
   kept = s["kept_calls"]
-  assert [(r["tokens"], r["keep_share"] > 0) for r in kept] == [
-      (1, False), (1, True), (1, True), (2, False), (2, True), (2, True)]
-  for r in kept:  # a row is read when any token keeps it: rows_read of d = 256, O = 512
-    assert 0 <= r["rows_read"] <= 256
-    assert r["byte_ideal_speedup"] == (256 / r["rows_read"] if r["rows_read"] else None)
-  assert kept[2]["rows_read"] == kept[5]["rows_read"] == 256  # every input kept
+  shares = [(1, False), (1, True), (1, True), (2, False), (2, True), (2, True)]
+  assert [(r["kernel"], r["tokens"], r["keep_share"] > 0) for r in kept] == [
+      (kernel, *share) for kernel in ("kept_rows", "kept_dots") for share in shares]
+  for r in kept:  # a row is read when any token keeps it: d = 256 rows of O = 512 (kept
+    rows = 256 if r["kernel"] == "kept_rows" else 512  # rows), O = 512 of d (kept dots)
+    assert 0 <= r["rows_read"] <= rows and r["passed"]
+    assert r["relative_error"] <= TOLERANCE[jnp.dtype("bfloat16")]
+    assert r["byte_ideal_speedup"] == (rows / r["rows_read"] if r["rows_read"] else None)
+  assert [kept[i]["rows_read"] for i in (2, 5, 8, 11)] == [256, 256, 512, 512]  # all kept
   for r in calls + s["tiles"] + kept:
     assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"] and r["rounds"] == 3
     assert r["kernel_of_ceiling"] == pytest.approx(r["kernel_gb_s"] / s["ceiling_gb_s"])
@@ -58,6 +61,7 @@ def test_dry_run_passes_every_step(tmp_path):
   gptj = s["gptj_6b_shape"]
   assert gptj["shape"] == "gptj-tiny" and gptj["calibration_s"]["cascade"] > 0
   assert [p["impl"] for p in gptj["points"]] == ["pallas"] * 3
+  assert gptj["decode_bases"] == "cascade at full depth (reused)"  # same depth, dtype, k
   assert gptj["dense_of_ceiling"] == pytest.approx(gptj["dense_bandwidth_gb_s"]
                                                    / s["ceiling_gb_s"])
 
@@ -94,3 +98,76 @@ def test_scale_in_memory_refuses_a_checkpoint_too(tmp_path):
   assert_one_error_line(run_benchmark("scale.py", [
       "--in_memory", f"--checkpoint={tmp_path}", "--shape=gptj-tiny"]),
       "--checkpoint and --in_memory exclude each other")
+
+
+STOPPED_RUN = """
+import json, sys
+sys.argv = ["gpu_kernel"]
+from absl import flags
+from benchmarks import gpu_kernel as g
+flags.FLAGS(["gpu_kernel", "--dry", "--parts=ceiling,correct", "--out=" + sys.argv_out])
+c = g.config_from_flags()
+saves = []
+def save(result):  # writes, then stops the run as a time limit would after 3 rows
+  g.experiment.write_json(c.out, result, quiet=True)
+  saves.append(len(result.get("correct", [])))
+  if saves[-1] == 3:
+    raise KeyboardInterrupt
+try:
+  g.run(c, save)
+except KeyboardInterrupt:
+  print(json.dumps(saves))
+"""
+
+
+def test_a_stopped_kernel_benchmark_keeps_its_rows(tmp_path):
+  """gpu_kernel.py rewrites its JSON after every row: a step cut short by its limit keeps
+  the ceiling and the rows it finished (as the H200 run's kernel_check did)."""
+  out = tmp_path / "k.json"
+  code = STOPPED_RUN.replace("sys.argv_out", repr(str(out)))
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                        timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, 1, 2, 3]
+  kept = json.loads(out.read_text())
+  assert kept["ceiling"]["ceiling_gb_s"] > 0 and len(kept["correct"]) == 3
+  assert all(r["passed"] for r in kept["correct"])
+
+
+H200 = os.path.join(ROOT, "results", "benchmarks", "gpu")
+
+
+def test_the_h200_run_summary_is_its_files(tmp_path):
+  """The committed H200 run (RESULTS §14.1): its summary is what gpu_summary.py makes of
+  its files, and the figures the docs quote are in them."""
+  proc = run_benchmark("gpu_summary.py", [f"--dir={H200}", f"--out={tmp_path / 's.json'}"])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  made = json.loads((tmp_path / "s.json").read_text())
+  committed = json.loads(open(os.path.join(H200, "gpu_summary.json")).read())
+  made.pop("run"), committed.pop("run")
+  for summary in (made, committed):  # scale never wrote its JSON: the message names a path
+    summary["gptj_6b_shape"]["missing"] = os.path.basename(
+        summary["gptj_6b_shape"]["missing"])
+  assert made == committed
+  s = committed
+  assert {k: v["exit_status"] for k, v in s["steps"].items()} == {
+      "kernel_check": 124, "kernel_tests": 124, "kernel_timing": 0, "kernel_tiles": 0,
+      "kernel_kept": 0, "scale": 124}
+  assert round(s["ceiling_gb_s"]) == 3286 and round(s["ceiling"]["reduce_gb_s"]) == 2972
+  c = s["correctness"]  # the step's limit cut it at 39 of 54 cases: none failed
+  assert c["cases"] == c["passed"] == 39 and not c["failed"]
+  calls = {(r["d"], r["out"], r["tokens"], r["fast_share"]): r for r in s["kernel_calls"]}
+  one_fast, one_slow = calls[(4096, 16384, 1, 1.0)], calls[(4096, 16384, 1, 0.0)]
+  assert [round(one_fast[k], 2) for k in ("speedup", "speedup_low", "speedup_high")] == \
+      [2.33, 2.19, 2.39]
+  assert [round(one_slow[k], 2) for k in ("speedup", "speedup_low", "speedup_high")] == \
+      [0.71, 0.67, 0.73]
+  assert max(r["speedup_high"] for r in s["kernel_calls"] if r["tokens"] > 1) < 1.1
+  kept = {(r["kernel"], r["tokens"], round(r["keep_share"], 1)): r for r in s["kept_calls"]}
+  assert all(r["passed"] for r in s["kept_calls"]) and len(kept) == 18
+  assert round(kept[("kept_dots", 1, 0.5)]["speedup"], 2) == 1.34
+  assert round(kept[("kept_rows", 1, 0.5)]["speedup"], 2) == 0.99
+  assert s["best_tile"]["tile"] == "64x256x8"
+  scale = json.loads(open(os.path.join(H200, "rerun", "scale_gptj_6b.json")).read())
+  assert round(scale["calibration_s"]["cascade"], 1) == 164.9 and scale["layers"] == 28
+  assert round(scale["dense_tokens_per_s"], 1) == 283.7 and scale["points"] == []

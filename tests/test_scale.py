@@ -201,6 +201,7 @@ def test_scale_benchmark_end_to_end(sharded_checkpoint, tmp_path):
     assert r["calibration_basis"][method] == "measured at full depth"
   assert r["calibration_basis"]["eigh"].startswith("modelled")
   assert set(r["solve_s_by_width"]["krylov"]) == {"64", "256"}
+  assert r["decode_bases"] == "krylov at the decode depth"  # 2 of 3 layers: calibrated again
   names = [p["name"] for p in r["points"]]
   assert names == ["static", "gated_median_rho", "gated_all_slow"]
   static, _, slow = r["points"]
