@@ -13,19 +13,111 @@
    spills, shared memory; and the kept-rows and kept-dots kernels at Llama-3-8B's gate
    and up.
 Lowered and compiled, not run: numerics and speed need a GPU (benchmarks/gpu_check.sh).
+
+  python benchmarks/gpu_lowering.py --export_dir DIR
+
+instead writes every method's programs for reading: the first point of each method of
+`pareto.py` (and dense) on --model (the default model; --layers N: its first N blocks) at
+small settings (--k 128, eps 0.1, --calib_tokens 2048, the first value of each knob, ranks
+capped at k / 2, two learning steps, one search generation), its forward and decode step
+exported for cuda and rocm as DIR/<method>-<platform>-<phase>.mlir (StableHLO text), and
+DIR/programs.json: each program's kernel calls against the sites its fast path serves,
+and its CPU-only calls (`gsi_jax.methods.programs`).
 """
 
+import dataclasses
 import logging
+import os
 
 import jax
 from absl import flags
 
-from gsi_jax import cli, experiment, lowering
+from gsi_jax import cli, experiment, lowering, methods
 from gsi_jax.errors import GSIError
+from gsi_jax.experiment import ExperimentConfig
+from gsi_jax.gsi.cache import cached_bases
+from gsi_jax.methods.context import Context
+from gsi_jax.methods.evaluate import Evaluator
+from gsi_jax.methods.programs import export_methods
 from gsi_jax.models import ModelConfig
+from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
 
 _OUT = flags.DEFINE_string("out", "results/benchmarks/gpu_lowering.json", "JSON output.")
+_EXPORT_DIR = flags.DEFINE_string("export_dir", None, "Write every method's exported programs "
+                                  "here (StableHLO text and programs.json) instead of the "
+                                  "lowering checks.")
+_MODEL = flags.DEFINE_string("model", experiment.DEFAULT_MODEL, "--export_dir's model.")
+_K = flags.DEFINE_integer("k", 128, "--export_dir's GSI rank.")
+_CALIB_TOKENS = flags.DEFINE_integer("calib_tokens", 2048, "--export_dir's calibration tokens.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 256, "--export_dir's window length.")
+_LAYERS = flags.DEFINE_integer("layers", 4, "--export_dir's model cut to its first N blocks "
+                               "(0: all); every block exports alike.")
+
+# --export_dir's small settings: one point a method, a few steps where a method learns.
+EXPORT_KNOBS = {"learned_steps": 2, "rsparse_search_population": 3,
+                "rsparse_search_parents": 2, "rsparse_search_generations": 1,
+                "rsparse_search_windows": 1, "greedy_windows": 1}
+RANK_KNOBS = ("ladder", "svd_ranks", "head_k", "residual_k", "rsparse_ranks",
+              "learned_residual_k", "learned_rank_max", "output_sketch")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportConfig:
+  """The experiment every method's first point is built in, and the grid of its knobs."""
+  experiment: ExperimentConfig
+  grid: dict
+  out_dir: str
+  layers: int = 4
+
+  def __post_init__(self):
+    if self.layers < 0:
+      raise GSIError(f"--layers must be >= 0 (0: every block), got {self.layers}")
+
+
+def export_config(out_dir: str, model: str, k: int, calib_tokens: int, seq_len: int,
+                  layers: int) -> ExportConfig:
+  grid = {}
+  for name, knob in methods.knobs().items():
+    value = EXPORT_KNOBS.get(name, knob.default)
+    grid[name] = cli.knob_value(knob, value[:1] if knob.many else value)
+  cap = lambda rank: min(rank, max(1, k // 2))  # ranks and sketches below k, on any model
+  for name in RANK_KNOBS:
+    grid[name] = tuple(map(cap, grid[name])) if isinstance(grid[name], tuple) \
+        else cap(grid[name])
+  return ExportConfig(ExperimentConfig(model=model, k=(k,), eps=(0.1,), impl="auto",
+                                       calib_tokens=calib_tokens, eval_tokens=2 * seq_len,
+                                       seq_len=seq_len, max_new_tokens=2, prompts=("Hello",)),
+                      grid, out_dir, layers)
+
+
+def first_blocks(model, n: int):
+  """The model cut to its first n blocks (all when n is 0 or more than it has)."""
+  if not 0 < n < model.config.n_layers:
+    return model
+  params = {key: value for key, value in model.params.items()
+            if not P.is_layer(key) or P.layer_index(key) < n}
+  return dataclasses.replace(model, config=dataclasses.replace(model.config, n_layers=n),
+                             params=params)
+
+
+def export_programs(c: ExportConfig, save=lambda rows: None) -> list[dict]:
+  """Every method's programs; save(rows) after each, so a stopped run keeps its rows."""
+  s = experiment.prepare(c.experiment, bases=False)
+  s.model = first_blocks(s.model, c.layers)
+  e = c.experiment
+  s.bases = cached_bases(s.model, s.model.params, s.calib, e.k_max, e.method,
+                         e.bases_dir or None)
+  ctx = Context(Evaluator(s, speed_repeats=0), c.experiment, c.grid, lambda name: True)
+  rows = []
+
+  def progress(r):
+    logging.info("%s %s %s: %d kernel calls, %d fast sites, CPU-only %s: %s", r["method"],
+                 r["platform"], r["phase"], r["kernel_calls"], r["fast_sites"],
+                 r["cpu_only_calls"] or "none", "ok" if r["passed"] else "FAILED")
+    rows.append(r)
+    save(rows)
+  return export_methods(ctx, c.out_dir, progress=progress)
 
 
 def map_summary(records) -> dict:
@@ -43,6 +135,18 @@ def map_summary(records) -> dict:
 
 def main(argv):
   del argv
+  if _EXPORT_DIR.value:
+    c = export_config(_EXPORT_DIR.value, _MODEL.value, _K.value, _CALIB_TOKENS.value,
+                      _SEQ_LEN.value, _LAYERS.value)
+    out = experiment.check_output_path(os.path.join(c.out_dir, "programs.json"),
+                                       "--export_dir")
+    record = lambda rows: {"what": "exported on a CPU, not run", "layers": c.layers,
+                           "jax_version": jax.__version__, "grid": c.grid,
+                           "experiment": dataclasses.asdict(c.experiment),
+                           "passed": sum(r["passed"] for r in rows), "programs": rows}
+    rows = export_programs(c, lambda rows: experiment.write_json(out, record(rows), quiet=True))
+    experiment.write_json(out, record(rows))
+    return
   out = experiment.check_output_path(_OUT.value)
   try:
     import triton

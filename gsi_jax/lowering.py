@@ -496,16 +496,18 @@ def lower_map(platform: str, tokens: int, d: int, out: int, dtype: str,
   return record
 
 
-def model_programs(config: ModelConfig, platform: str, impl: str, head_k: int = 0,
-                   tokens: int = 64, params=None) -> dict[str, export.Exported]:
+def model_programs(config: ModelConfig, platform: str, impl: str = "auto", head_k: int = 0,
+                   tokens: int = 64, params=None, gate=None) -> dict[str, export.Exported]:
   """A GSI model's forward (`tokens` tokens) and one decode step (1 token, KV cache) at k =
   256, bf16, exported for `platform` from abstract parameters: no weights, no calibration.
-  params: another method's abstract tree of the same model, exported instead."""
-  dtype = jnp.bfloat16
+  params: another method's abstract tree of the same model (in its own dtype), exported
+  instead; gate: the gate it runs with, instead of one at eps 0.1 with `impl`."""
   if params is None:
-    params = gsi_shapes(param_shapes(config, dtype), LOWERING_K, head_k=head_k)
+    params = gsi_shapes(param_shapes(config, jnp.bfloat16), LOWERING_K, head_k=head_k)
+  dtype = params[P.EMBED][P.EMBEDDING].dtype
   module = Decoder(config, dtype)
-  gate = make_gate(0.1, impl=impl, batch1_switch=True, head_eps=0.1 if head_k else None)
+  if gate is None:
+    gate = make_gate(0.1, impl=impl, batch1_switch=True, head_eps=0.1 if head_k else None)
   arg = jax.ShapeDtypeStruct
   forward = jax.jit(lambda p, ids, gate: module.apply({"params": p}, ids, gate=gate)[0])
   step = jax.jit(lambda p, ids, start, cache, gate: module.apply({"params": p}, ids, start,

@@ -136,3 +136,55 @@ def test_committed_site_figures_are_current():
   assert saved["decode_bandwidth"] == lowering.gptj_decode_bandwidth()
   assert saved["gptj_sites"] == [r for platform in GPU for tokens in (1, 16)
                                  for r in lowering.gptj_site_launches(platform, tokens)]
+
+
+def test_every_method_exports_its_kernel_calls(tiny_folder, tmp_path):
+  """`gpu_lowering.py --export_dir` on a tiny Llama: dense and every registered method's
+  first point, forward and decode, for cuda and rocm, each written as StableHLO text; each
+  method whose fast path is a Pallas kernel calls it at least once per site it rewrites
+  (CATS twice in an MLP: up and down), the others (svd) none; nothing CPU-only."""
+  import subprocess
+  import sys
+  from gsi_jax import methods
+  folder, _ = tiny_folder("llama_gqa")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_lowering.py"),
+       f"--export_dir={tmp_path}", f"--model={folder}", "--k=8", "--calib_tokens=256",
+       "--seq_len=32"], capture_output=True, text=True, cwd=root, timeout=900,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads((tmp_path / "programs.json").read_text())
+  rows = result["programs"]
+  assert {r["method"] for r in rows} == {"dense", *methods.names()}
+  assert len(rows) == 4 * (1 + len(methods.names())) and result["passed"] == len(rows)
+  for r in rows:
+    text = (tmp_path / r["file"]).read_text()
+    assert "module @jit" in text and "stablehlo." in text
+    assert r["file"] == f"{r['method']}-{r['platform']}-{r['phase']}.mlir"
+    assert r["cpu_only_calls"] == [] and r["interpreter_loops"] == 0
+    if r["expects_kernel"]:
+      assert r["kernel_calls"] >= r["fast_sites"] > 0, r
+  by = {(r["method"], r["platform"], r["phase"]): r for r in rows}
+  sites = lowering.gated_site_count(dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2))
+  assert by["gsi", "cuda", "decode"]["kernel_calls"] == sites == 8  # 2 layers of 4 sites
+  assert by["gsi_out", "rocm", "forward"]["kernel_calls"] == sites  # decided, then the kernel
+  assert by["dense", "cuda", "decode"]["kernel_calls"] == by["svd", "cuda", "decode"][
+      "kernel_calls"] == 0
+
+
+def test_the_committed_method_programs():
+  """results/benchmarks/gpu_programs/programs.json (RESULTS §14): the default model's first
+  4 blocks, every method, both GPU platforms and phases, all passing."""
+  from gsi_jax import methods
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "results", "benchmarks", "gpu_programs", "programs.json"),
+            encoding="utf-8") as f:
+    result = json.load(f)
+  rows = result["programs"]
+  assert result["layers"] == 4 and result["passed"] == len(rows) == 76
+  assert {r["method"] for r in rows} == {"dense", *methods.names()}
+  calls = {r["method"]: r["kernel_calls"] for r in rows}
+  assert calls == {**dict.fromkeys(methods.names(), 16), "dense": 0, "svd": 0, "cats": 8,
+                   "head": 1, "sparsity+head": 17}
+  assert all(r["cpu_only_calls"] == [] and r["passed"] for r in rows)

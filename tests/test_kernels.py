@@ -317,11 +317,25 @@ def test_op_impls_agree(label):
       np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
-def test_pallas_refuses_ladder_and_sketch():
-  x, V, M, W = problem(4, 32, 8, 16, jnp.float32)
-  gate = make_gate(0.1, impl="pallas")
-  with pytest.raises(GSIError, match="impl='xla' only"):
-    gated_linear(x[None], GatedWeights([W], V, [M], rungs=jnp.asarray([4, 8])), gate.eps, gate)
+@pytest.mark.parametrize("kind", ["ladder", "sketch"])
+def test_ladder_and_sketch_through_the_kernel_equal_xla(kind):
+  """The rank ladder and the output-aware gate decide each token in XLA, then the kernel
+  takes that decision as per-token thresholds (∞: fast, 0: slow): the same outputs, mask
+  and ranks as the XLA masked select, with fast and slow tokens both present."""
+  x, V, M, W = problem(12, 96, 24, 72, jnp.float32, seed=7)
+  extra = ({"rungs": jnp.asarray([8, 16])} if kind == "ladder" else
+           {"sketch": (W[:, :8], M[:, :8])})
+  weights = GatedWeights([W], V, [M], **extra)
+  got = {}
+  for impl in ("xla", "pallas"):
+    gate = make_gate(0.6, impl=impl)
+    ys, fast, rank = gated_linear(x[None], weights, gate.eps, gate)
+    got[impl] = (np.asarray(ys[0]), np.asarray(fast), np.asarray(rank))
+  assert 0 < got["xla"][1].sum() < 12, got["xla"][1]
+  np.testing.assert_array_equal(got["pallas"][1], got["xla"][1])
+  np.testing.assert_array_equal(got["pallas"][2], got["xla"][2])
+  tol = TOLERANCE[jnp.dtype(jnp.float32)]
+  np.testing.assert_allclose(got["pallas"][0], got["xla"][0], rtol=tol, atol=tol)
 
 
 def test_bad_impl():

@@ -16,6 +16,12 @@ LADDER = Knob("ladder", int, ("64", "128", "256"), "Rank-ladder rungs (those bel
               may_be_empty=True, sort=True)
 
 
+def decided_first(how: str) -> dict[str, str]:
+  """GSI's fast paths for a gate decided before the product: the kernel then takes each
+  token's decision as its threshold (∞: fast, 0: slow)."""
+  return {platform: f"{how}, then {path}" for platform, path in GATED.items()}
+
+
 def _gated_points(ctx, tree_at):
   """Every k × ε of the shared flags; tree_at(k) -> params (None: skip that k)."""
   for k in ctx.experiment.k:
@@ -43,12 +49,12 @@ register(Method(
     "gsi_out", "GSI gated on the sketched output error ‖x C − g D‖ < ε ‖x C‖.",
     (OUTPUT_SKETCH,),
     lambda ctx: _gated_points(ctx, lambda k: ctx.gsi(k, output_sketch=ctx.grid["output_sketch"])),
-    by_tree(gated_bytes), GATED, runs_on=lambda grid, model: grid["output_sketch"] > 0))
+    by_tree(gated_bytes), decided_first("the output-aware gate decided per token in XLA"),
+    runs_on=lambda grid, model: grid["output_sketch"] > 0))
 register(Method(
     "gsi_ladder", "GSI with nested ranks: each token takes the smallest rung that passes.",
     (LADDER,), lambda ctx: _gated_points(ctx, lambda k: _ladder_tree(ctx, k)), by_tree(gated_bytes),
-    dict.fromkeys(("cpu", "cuda", "rocm", "tpu"), "gated_linear's masked select, V and M read "
-                  "whole (the kernel refuses ladders)"),
+    decided_first("the rung chosen per token in XLA (V and M read whole)"),
     runs_on=lambda grid, model: bool(grid["ladder"])))
 register(Method(
     "static", "Static projection: M g for every token (ε = ∞; ESPACE-style).", (),

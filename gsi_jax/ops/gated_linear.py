@@ -17,7 +17,8 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
   "auto" (the default): "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
          (`lax.platform_dependent`: the choice follows the lowering platform,
          not the machine that traces).  The rank ladder and the output-aware
-         gate run on "xla" only: "pallas" refuses them, "auto" takes "xla".
+         gate decide each token in XLA first; the kernel then takes that decision
+         as its per-token threshold (∞: fast, 0: slow).
 """
 
 from __future__ import annotations
@@ -102,15 +103,18 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     return _xla(x_BTD, g_BTK, fast, weights, gate), fast
 
   def pallas():
-    ys, fast = _pallas(x_BTD, g_BTK, jnp.inf if gate.mode == "static" else eps, weights)
+    if gate.mode == "static":
+      token_eps = jnp.inf
+    elif fast_BT is None:
+      token_eps = eps
+    else:  # decided above (ladder, sketch): a threshold of ∞ makes a token fast, 0 slow
+      token_eps = jnp.where(fast_BT, jnp.inf, 0.0).reshape(-1)
+    ys, fast = _pallas(x_BTD, g_BTK, token_eps, weights)
     return ys, fast if fast_BT is None else fast_BT
 
-  xla_only = weights.rungs is not None or weights.sketch is not None
   if gate.impl == "pallas":
-    if xla_only:
-      raise GSIError("the rank ladder and the output-aware gate run on impl='xla' only")
     ys, fast_BT = pallas()
-  elif gate.impl == "auto" and not xla_only:
+  elif gate.impl == "auto":
     ys, fast_BT = lax.platform_dependent(cpu=xla, default=pallas)
   else:
     ys, fast_BT = xla()
