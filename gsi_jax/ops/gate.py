@@ -119,11 +119,14 @@ def ladder_ranks(x_BTD, g_BTK, rungs_R, eps) -> tuple[jax.Array, jax.Array]:
   """Rank ladder (beyond the paper): per token, the smallest rung k_j with ‖r_j‖ < ε ‖x‖.
 
   Bases are nested (V_{k_j} is V's first k_j columns), so every rung's
-  ‖r_j‖² = ‖x‖² − ‖g[:k_j]‖² comes from one cumulative sum.  Returns the fast
-  mask and the rank used; a slow token's rank is the top rung.
+  ‖r_j‖² = ‖x‖² − ‖g[:k_j]‖² is one product of g² with a K × R mask of prefixes (a
+  cumulative sum lowers to a while loop on GPUs).  Returns the fast mask and the rank
+  used; a slow token's rank is the top rung.
   """
   xx = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)[..., None]
-  gg_BTR = jnp.cumsum(jnp.square(g_BTK.astype(jnp.float32)), -1)[..., rungs_R - 1]
+  prefix_KR = (jnp.arange(g_BTK.shape[-1])[:, None] < rungs_R[None, :]).astype(jnp.float32)
+  gg_BTR = jnp.dot(jnp.square(g_BTK.astype(jnp.float32)), prefix_KR,
+                   precision=jax.lax.Precision.HIGHEST)
   pass_BTR = (xx - gg_BTR < jnp.square(eps) * xx) & (eps > 0)
   fast_BT = jnp.any(pass_BTR, -1)
   rank_BT = jnp.where(fast_BT, rungs_R[jnp.argmax(pass_BTR, -1)], rungs_R[-1])
