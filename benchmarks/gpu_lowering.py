@@ -36,11 +36,11 @@ from gsi_jax import cli, experiment, lowering, methods
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.gsi.cache import cached_bases
+from gsi_jax.loading.load import first_blocks
 from gsi_jax.methods.context import Context
 from gsi_jax.methods.evaluate import Evaluator
 from gsi_jax.methods.programs import export_methods
 from gsi_jax.models import ModelConfig
-from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
 
 _OUT = flags.DEFINE_string("out", "results/benchmarks/gpu_lowering.json", "JSON output.")
@@ -89,16 +89,6 @@ def export_config(out_dir: str, model: str, k: int, calib_tokens: int, seq_len: 
                                        calib_tokens=calib_tokens, eval_tokens=2 * seq_len,
                                        seq_len=seq_len, max_new_tokens=2, prompts=("Hello",)),
                       grid, out_dir, layers)
-
-
-def first_blocks(model, n: int):
-  """The model cut to its first n blocks (all when n is 0 or more than it has)."""
-  if not 0 < n < model.config.n_layers:
-    return model
-  params = {key: value for key, value in model.params.items()
-            if not P.is_layer(key) or P.layer_index(key) < n}
-  return dataclasses.replace(model, config=dataclasses.replace(model.config, n_layers=n),
-                             params=params)
 
 
 def export_programs(c: ExportConfig, save=lambda rows: None) -> list[dict]:

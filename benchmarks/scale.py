@@ -49,6 +49,7 @@ from gsi_jax.gsi.calibration import METHODS, gram_matrices
 from gsi_jax.gsi.checkpoint import check_writable
 from gsi_jax.loading import synthetic
 from gsi_jax.loading.hf_config import config_from_hf
+from gsi_jax.loading.load import first_blocks
 from gsi_jax.metrics.analysis import residual_ratios
 from gsi_jax.models import params as P
 
@@ -153,13 +154,6 @@ def check_depth(cfg: ScaleConfig) -> int:
   return depth
 
 
-def _first_layers(model, params, n: int):
-  """The model and parameters cut to their first n blocks."""
-  cut = dataclasses.replace(model, config=dataclasses.replace(model.config, n_layers=n))
-  return cut, {key: value for key, value in params.items()
-               if not P.is_layer(key) or P.layer_index(key) < n}
-
-
 def _by_width(values: dict, widths: dict, scale: float = 1.0) -> dict:
   """{site width: scale x total of values["layer/site"]} (solve seconds by width)."""
   out: dict = {}
@@ -203,7 +197,8 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
   if not cfg.eigh_layers:
     return result, bases_by_method
   # eigh: the reference, measured on the first layers (same inputs as the streaming runs).
-  head, head_params = _first_layers(model, model.params, cfg.eigh_layers)
+  head = first_blocks(model, cfg.eigh_layers)
+  head_params = head.params
   with PeakMemory() as mem:
     grams = gram_matrices(head, head_params, np.asarray(ids), progress=False)
     eigh_s, reference = {}, {}

@@ -19,6 +19,7 @@ from gsi_jax.loading import gguf_file, mapping
 from gsi_jax.loading.hf_config import config_from_hf
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder
+from gsi_jax.models import params as P
 from gsi_jax.models.model import Model
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -111,6 +112,16 @@ def first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
   if not 1 <= n_layers <= config.n_layers:
     raise GSIError(f"n_layers must be in 1..{config.n_layers} for this model, got {n_layers}")
   return dataclasses.replace(config, n_layers=n_layers)
+
+
+def first_blocks(model: Model, n: int) -> Model:
+  """A loaded model cut to its first n blocks (whole where n is 0 or not below its depth):
+  the cut's config and only its blocks' parameters."""
+  if not 0 < n < model.config.n_layers:
+    return model
+  params = {key: value for key, value in model.params.items()
+            if not P.is_layer(key) or P.layer_index(key) < n}
+  return dataclasses.replace(model, config=first_layers(model.config, n), params=params)
 
 
 def load_gguf(path: str, dtype="float32", n_layers: int | None = None, mesh=None) -> Model:
