@@ -75,9 +75,11 @@ clean:
 # quality_table 12 min, calibration (85 s) included; the eight untimed steps two at a time
 # 19 min (35 min one after another: negative_control 9.5, speedup_table 8.5, theorem4 5,
 # notebook 4, small-eps 4, fidelity 2.5, depth and storage 1); the demo 1.3 min.  Pareto,
-# not timed whole: each of its 79 records 30-45 s (held-out scoring 13-16 s, 4 greedy
-# generations 5-18 s, 3 paired decode rounds 11 s), 40-60 min, plus 10 learned allocations.
-# The whole, last timed at about 1 h 30 min, is over an hour; pareto is what to cut.
+# not timed whole: each of its 79 records 30-45 s, 40-60 min, plus 10 learned allocations.
+# Its records carry their phases (build_s, phase_s): in results/pareto_speed.json, on a
+# slower day, held-out scoring 12-25 s, 4 greedy generations 6-8 s (19-30 s in a method's
+# first record, which compiles its decode), a paired decode round 3.4-5.8 s.  The whole,
+# last timed at about 1 h 30 min, is over an hour; pareto is what to cut.
 UNTIMED := small-eps speedup fidelity control depth storage theorem4 notebook
 .PHONY: $(UNTIMED:%=results-%)
 results: $(STAMP)

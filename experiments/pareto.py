@@ -17,6 +17,7 @@ uniform allocation where they score worse on calibration text (fallback).
 import dataclasses
 import itertools
 import re
+import time
 from typing import Any, Mapping
 
 import jax
@@ -109,6 +110,17 @@ def uniform_of() -> dict[str, str]:
   return {name: m.uniform for name, m in methods.REGISTRY.items() if m.uniform}
 
 
+def timed_points(points):
+  """(seconds to build it, point) for each point a method yields: its calibration, its
+  learning or search, and the rewrite of the tree."""
+  while True:
+    start = time.perf_counter()
+    point = next(points, None)
+    if point is None:
+      return
+    yield time.perf_counter() - start, point
+
+
 def pareto(c: ParetoConfig):
   s = experiment.prepare(c.base, check_model=c.check_model)
   ev = Evaluator(s, c.speed_repeats)
@@ -118,9 +130,10 @@ def pareto(c: ParetoConfig):
     method = methods.REGISTRY[name]
     if not method.runs_on(c.grid, s.model.config):
       continue
-    for point in method.points(ctx):
+    for build_s, point in timed_points(method.points(ctx)):
       records.append(ev.record(name, point.knob, point.params, point.gate,
-                               method.bytes_of(point), shares=point.shares, **point.extra))
+                               method.bytes_of(point), shares=point.shares, build_s=build_s,
+                               **point.extra))
     release_executables()
   matched_uniform(records, uniform_of())
   beside = [r["dense_tokens_per_s"] for r in records if "dense_tokens_per_s" in r]

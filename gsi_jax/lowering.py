@@ -473,8 +473,26 @@ def gated_maps(config: ModelConfig) -> set[tuple[int, int, bool]]:
   return maps | {(d, vocab, config.tied_embeddings)}
 
 
-def paper_maps() -> list[tuple[int, int, bool]]:
-  return sorted(set().union(*(gated_maps(c) for c in PAPER_MODELS)))
+@functools.cache
+def paper_maps() -> tuple[tuple[int, int, bool], ...]:
+  return tuple(sorted(set().union(*(gated_maps(c) for c in PAPER_MODELS))))
+
+
+def distinct_maps(platform: str, tokens: int, dtype: str) -> list[tuple[int, int, bool]]:
+  """The first of the paper's maps in each class that lowers alike on `platform`: the
+  same blocks, splits and layout of W, and the same ragged edges (a map's sizes enter
+  the kernel only through these and the grid, which `layout` computes for every map)."""
+  classes = {}
+  for d, out, transposed in paper_maps():
+    k = site_rank(LOWERING_K, d)
+    lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, d, k, out,
+                        itemsize=jnp.dtype(dtype).itemsize)
+    ragged = (d % lay.block_d, k % lay.block_k, out % lay.block_o, d % lay.d_chunk,
+              k % lay.k_chunk)
+    key = (transposed, lay.block_t, lay.block_o, lay.block_d, lay.block_k, lay.splits,
+           *(edge > 0 for edge in ragged))
+    classes.setdefault(key, (d, out, transposed))
+  return list(classes.values())
 
 
 def lower_map(platform: str, tokens: int, d: int, out: int, dtype: str,

@@ -1,7 +1,18 @@
 import os
 
-import jax
-import pytest
+# The tests compile the same small programs over and over (sweeps clear JAX's caches as
+# they go, and scripts run in subprocesses), and compiling is much of their time: one
+# persistent compilation cache serves every test process, xdist workers and the scripts
+# they start alike.  A size limit turns on JAX's file lock around each read and write.
+COMPILATION_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 ".cache", "jax-compilation")
+for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
+                    ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
+                    ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
+  os.environ.setdefault(name, value)
+
+import jax  # pylint: disable=wrong-import-position  (after the cache's settings)
+import pytest  # pylint: disable=wrong-import-position
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Shapes must match exactly: an implicit rank promotion is a bug here.

@@ -141,6 +141,9 @@ def check_pareto(records):
     # One paired round: its ratio is the median, and the interval is that one ratio.
     assert r["measured_speedup"] == pytest.approx(r["tokens_per_s"] / r["dense_tokens_per_s"])
     assert r["speedup_low"] == r["measured_speedup"] == r["speedup_high"] and r["rounds"] == 1
+    # Where the sweep's time went: building the point, then each phase of its record.
+    assert set(r["phase_s"]) == {"score", "generations", "timed_decode"}
+    assert min(r["phase_s"].values()) > 0 and r["build_s"] >= 0
     if r["method"] == "static":
       assert r["fast_share"] == 1.0
     if r["method"] in ("sparsity_learned", "gsi_learned", "residual_learned",

@@ -23,15 +23,29 @@ def test_paper_maps_are_all_there():
   assert len(maps) == 58
 
 
+def test_distinct_maps_cover_every_layout_once():
+  """Each platform, token count and dtype lowers one map per class of layout (230 of the
+  1392 (map, tokens, dtype, platform) lowerings); every class keeps its first map."""
+  picked = {(p, t, dt): lowering.distinct_maps(p, t, dt) for p in tiling.PLATFORMS
+            for t in lowering.LOWERING_TOKENS for dt in lowering.LOWERING_DTYPES}
+  assert sum(map(len, picked.values())) == 230
+  maps = lowering.paper_maps()
+  for maps_picked in picked.values():
+    assert maps_picked[0] == maps[0] and len(set(maps_picked)) == len(maps_picked)
+    assert set(maps_picked) <= set(maps)
+    assert {transposed for *_, transposed in maps_picked} == {False, True}  # tied heads too
+
+
 @pytest.mark.parametrize("platform", tiling.PLATFORMS)
 @pytest.mark.parametrize("part", range(2))
-def test_kernel_lowers_at_every_paper_shape(platform, part):
-  """Every map one block of a paper model gates, and its LM head, in bf16 and f32, for 1, 16,
-  256 and 2048 tokens: one compiled kernel call and nothing else, launched with the platform's
-  tile plan, and no interpret-mode loop around it."""
-  for d, out, transposed in lowering.paper_maps()[part::2]:
-    for tokens in lowering.LOWERING_TOKENS:
-      for dtype in lowering.LOWERING_DTYPES:
+def test_kernel_lowers_at_every_class_of_paper_map(platform, part):
+  """Every class of map (`lowering.distinct_maps`) one block of a paper model gates, and
+  its LM head, in bf16 and f32, for 1, 16, 256 and 2048 tokens: one compiled kernel call and
+  nothing else, launched with the platform's tile plan, and no interpret-mode loop around
+  it.  Maps of one class differ only in their grid, which the plan gives."""
+  for tokens in lowering.LOWERING_TOKENS:
+    for dtype in lowering.LOWERING_DTYPES:
+      for d, out, transposed in lowering.distinct_maps(platform, tokens, dtype)[part::2]:
         r = lowering.lower_map(platform, tokens, d, out, dtype, transposed)
         assert (r["kernel_calls"], r["other_calls"], r["interpreter_loops"]) == (1, [], 0), r
         if platform in lowering.ARCHES:

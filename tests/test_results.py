@@ -226,25 +226,39 @@ def test_pareto_allocations_and_targets():
 
 
 def test_pareto_speed_retimes_the_records_at_low_perplexity():
-  """RESULTS §11.3: in 9 records with 15 rounds beside dense, sparsity at target 0.25 is 1.05x
-  (1.23x in pareto.json, the largest move of a shared record: 0.18x), every row kept 0.94x,
-  CATS with every channel kept 0.86x; no record at ppl <= 1.05 reaches 1.15x. Quality is the
-  same."""
+  """RESULTS §11.3: 10 records, 15 paired rounds each: at ppl <= 1.05 the fastest is sparsity
+  at target 0.25, 1.11x [1.07, 1.15] (faster, short of 1.15x); every row kept 1.04x [1.00,
+  1.05]; the gated head at target 0.25 1.22x [1.12, 1.24]; CATS with every channel kept
+  0.86x [0.84, 0.89]; GSI at eps 0 reads V_k (1.28 of the bytes) at 0.72x [0.70, 0.75].
+  Quality within 0.0026 of pareto.json's, bytes within 0.0002."""
   result = load("pareto_speed.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(result)
-  assert config["speed_repeats"] == 15 and len(records) == 9
-  assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [46.5, 62.2]
+  assert config["speed_repeats"] == 15 and len(records) == 10
+  assert all(r["rounds"] == 15 and r["speedup_low"] <= r["measured_speedup"]
+             <= r["speedup_high"] for r in records)
+  assert [round(x, 1) for x in config["dense_tokens_per_s_beside"]] == [22.0, 30.5]
+  by = {(r["method"], r["knob"]): r for r in records}
+  shown = lambda key: [round(by[key][f], 2) for f in ("measured_speedup", "speedup_low",
+                                                      "speedup_high")]
+  assert shown(("sparsity", "target=0.25")) == [1.11, 1.07, 1.15]
+  assert shown(("sparsity", "target=0.0")) == [1.04, 1.00, 1.05]
+  assert shown(("sparsity+head", "target=0.25,head_eps=0.1")) == [1.22, 1.12, 1.24]
+  assert shown(("cats", "target=0.0")) == [0.86, 0.84, 0.89]
+  assert shown(("gsi", "k=384,eps=0.0")) == [0.72, 0.70, 0.75]
+  assert round(by["gsi", "k=384,eps=0.0"]["bytes_fraction"], 2) == 1.28
+  assert by["gsi", "k=384,eps=0.0"]["fast_share"] == 0
+  fastest = max((r for r in records if r["ppl_ratio"] <= 1.05),
+                key=lambda r: r["measured_speedup"])
+  assert (fastest["method"], fastest["knob"], fastest["verdict"]) == (
+      "sparsity", "target=0.25", "faster")
+  assert not any(r["ppl_ratio"] <= 1.05 and r["speedup_low"] >= 1.15 for r in records)
   main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
-  moves = []
-  for r in records:
-    assert r["ppl_ratio"] == main[r["method"], r["knob"]]["ppl_ratio"]
-    moves.append(abs(r["measured_speedup"] - main[r["method"], r["knob"]]["measured_speedup"]))
-  assert round(max(moves), 2) == 0.18
-  by = {(r["method"], r["knob"]): r["measured_speedup"] for r in records}
-  assert [round(by[key], 2) for key in (("sparsity", "target=0.25"), ("sparsity", "target=0.0"),
-                                        ("cats", "target=0.0"))] == [1.05, 0.94, 0.86]
-  assert not any(r["ppl_ratio"] <= 1.05 and r["measured_speedup"] >= 1.15 for r in records)
+  shared = [key for key in by if key in main]
+  assert len(shared) == 9
+  assert round(max(abs(by[k]["ppl_ratio"] - main[k]["ppl_ratio"]) for k in shared), 4) == 0.0026
+  assert round(max(abs(by[k]["bytes_fraction"] - main[k]["bytes_fraction"]) for k in shared),
+               4) == 0.0002
 
 
 def test_every_row_kept_the_kernel_beats_dense_on_one_layers_maps():
@@ -400,13 +414,31 @@ def test_front_values_held_past_a_methods_largest_bytes():
 
 
 def test_kept_rows_kernel_share_of_byte_ideal():
-  """RESULTS §11.4 and §11.6: the kernel reads at 0.847-1.31 of the byte ideal, so 0.85 is met in
-  7 of its 8 cases, not at 1536 x 576 with 25% kept; XLA's ways reach 0.18-0.69."""
-  records = load("benchmarks/sparse_rows.json")["records"]
-  kernel = {(r["d"], r["d_out"], r["kept"]): r["of_ideal"] for r in records
-            if r["variant"] == "kernel"}
+  """RESULTS §11.4 and §11.6: best of 5 (the earlier run), the kernel reads at 0.847-1.31 of
+  the byte ideal, 0.85 met in 7 of its 8 cases, not at 1536 x 576 with 25% kept; XLA's ways
+  0.18-0.69. In 15 paired rounds with dense at 11.6-27.3 GB/s: 0.58-0.88 (1 of 8 at 0.85),
+  every row kept slower than dense (0.78x, 0.88x), XLA's ways 0.23-0.63, kept dots 0.68-0.90."""
+  def kernel_and_xla(records):
+    kernel = {(r["d"], r["d_out"], r["kept"]): r["of_ideal"] for r in records
+              if r["variant"] == "kernel"}
+    xla = [r["of_ideal"] for r in records
+           if r["variant"] in ("gather", "reduce", "blocks") and r["kept"] < 1]
+    return kernel, (round(min(xla), 2), round(max(xla), 2))
+  kernel, xla = kernel_and_xla(load("benchmarks/sparse_rows_best_of_5.json")["records"])
   assert (round(min(kernel.values()), 3), round(max(kernel.values()), 2)) == (0.847, 1.31)
   assert [key for key, v in kernel.items() if v < 0.85] == [(1536, 576, 0.25)]
-  xla = [r["of_ideal"] for r in records
-         if r["variant"] in ("gather", "reduce", "blocks") and r["kept"] < 1]
-  assert (round(min(xla), 2), round(max(xla), 2)) == (0.18, 0.69)
+  assert xla == (0.18, 0.69)
+  result = load("benchmarks/sparse_rows.json")
+  records = result["records"]
+  kernel, xla = kernel_and_xla(records)
+  assert (round(min(kernel.values()), 2), round(max(kernel.values()), 2)) == (0.58, 0.88)
+  assert [key for key, v in kernel.items() if v >= 0.85] == [(576, 3072, 1.0)]
+  assert xla == (0.23, 0.63)
+  dots = [r["of_ideal"] for r in records if r["variant"] == "dots"]
+  assert (round(min(dots), 2), round(max(dots), 2)) == (0.68, 0.90)
+  assert result["config"]["repeats"] == 15 and all(r["rounds"] == 15 for r in records)
+  gb_s = [r["dense_gb_s"] for r in records]
+  assert (round(min(gb_s), 1), round(max(gb_s), 1)) == (11.6, 27.3)
+  all_kept = [r for r in records if r["variant"] == "kernel" and r["kept"] == 1]
+  assert [round(r["measured_speedup"], 2) for r in all_kept] == [0.88, 0.78]
+  assert all(r["verdict"] == "slower" for r in all_kept)

@@ -5,6 +5,7 @@ alternation with dense decode."""
 from __future__ import annotations
 
 import logging
+import time
 
 import jax
 import numpy as np
@@ -92,20 +93,33 @@ class Evaluator:
     return bytes_of(scores) / self.dense_bytes
 
   def record(self, method, knob, params, gate, bytes_of, shares=False, **extra):
-    """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text)."""
+    """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text).
+    `phase_s`: the seconds each phase took (scoring, generations, timed decode; compiling
+    included), which is where a sweep's time goes."""
+    clock = time.perf_counter()
+    phase_s = {}
+
+    def lap(phase):
+      nonlocal clock
+      phase_s[phase] = time.perf_counter() - clock
+      clock += phase_s[phase]
+
     params = self.placed(params)  # once: placing a placed tree again moves nothing
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
+    lap("score")
     same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
                for p, g in self.dense_gen.items())
+    lap("generations")
     timed = self.beside_dense(params, batch1(gate))
+    lap("timed_decode")
     rec = {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
            "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
            "head_fast_share": scores["head_fast_share"],
            "generations_identical": int(same), "prompts": len(self.dense_gen)}
-    rec.update(timed)
+    rec.update(timed, phase_s=phase_s)
     if shares:
       rec.update(fast_share_by_layer=scores["fast_share_by_layer"],
                  kept_share_by_layer=scores["kept_share_by_layer"])
