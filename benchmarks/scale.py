@@ -198,9 +198,8 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
     return result, bases_by_method
   # eigh: the reference, measured on the first layers (same inputs as the streaming runs).
   head = first_blocks(model, cfg.eigh_layers)
-  head_params = head.params
   with PeakMemory() as mem:
-    grams = gram_matrices(head, head_params, np.asarray(ids), progress=False)
+    grams = gram_matrices(head, head.params, np.asarray(ids), progress=False)
     eigh_s, reference = {}, {}
     for layer in P.layers(grams):
       for site, G in grams[layer].items():

@@ -96,24 +96,18 @@ class Evaluator:
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text).
     `phase_s`: the seconds each phase took (scoring, generations, timed decode; compiling
     included), which is where a sweep's time goes."""
-    clock = time.perf_counter()
-    phase_s = {}
-
-    def lap(phase):
-      nonlocal clock
-      phase_s[phase] = time.perf_counter() - clock
-      clock += phase_s[phase]
-
+    start = time.perf_counter()
     params = self.placed(params)  # once: placing a placed tree again moves nothing
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
-    lap("score")
+    scored = time.perf_counter()
     same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
                for p, g in self.dense_gen.items())
-    lap("generations")
+    generated = time.perf_counter()
     timed = self.beside_dense(params, batch1(gate))
-    lap("timed_decode")
+    phase_s = {"score": scored - start, "generations": generated - scored,
+               "timed_decode": time.perf_counter() - generated}
     rec = {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
            "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
