@@ -122,6 +122,8 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/sparse_rows.py
 	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
 	$(PY) benchmarks/decode.py --profile --torch=false --out results/benchmarks/decode_profile.json
+	$(PY) benchmarks/decode.py --profile --kept_all --cats_all --gsi 384:0 --torch=false --repeats 9 \
+	  --out results/benchmarks/decode_dense_equivalents.json
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
 

@@ -10,8 +10,9 @@ reports its weight bytes per token and the bandwidth they imply as a share of
 --peak_bandwidth_gb_s.  --profile also splits dense decode's time between
 matrix products, custom calls and everything else, with the op kinds that
 take most (per-op tracing is on for the whole run, so its timings carry the
-tracing's overhead); --kept_all adds sparsity with every row kept, timed
-beside dense and profiled the same way.
+tracing's overhead); --kept_all adds sparsity with every row kept and
+--cats_all CATS with every channel kept (each at dense's bytes, through the
+kept-rows kernels), timed beside dense and profiled the same way.
 """
 
 import importlib.util
@@ -39,6 +40,9 @@ _GSI = flags.DEFINE_list("gsi", [], "GSI operating points k:eps, e.g. 256:0.1,38
 _KEPT_ALL = flags.DEFINE_bool("kept_all", False, "Also decode magnitude sparsity with every "
                               "row kept (the kept-rows fast path at dense's bytes) beside dense, "
                               "and with --profile trace it too.")
+_CATS_ALL = flags.DEFINE_bool("cats_all", False, "Also decode CATS with every channel kept "
+                              "(its kernels at dense's bytes) beside dense, and with --profile "
+                              "trace it too (a gated MLP only).")
 _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers PyTorch generate.")
 _IMPL = flags.DEFINE_enum("impl", "auto", ["xla", "pallas", "auto"], "GSI's gated map "
                           "(auto: the kernel on a GPU, XLA on cpu).")
@@ -117,10 +121,25 @@ def check_against_model(model, points, ids) -> None:
       raise GSIError(f"--gsi k={k} exceeds the widest site of {model.config.name} ({widest})")
   if points:
     model.check_length(CALIB_SEQ_LEN, "the calibration window")
+  if _CATS_ALL.value:
+    peers.check_gated_mlp(model)
   if ids.shape[1] == 0:
     raise GSIError("--prompt encodes to no tokens; give some text")
   model.check_length(ids.shape[1] + _NEW.value, "--prompt plus --max_new_tokens")
   model.check_cache_fits(1, model.cache_tokens(ids.shape[1], _NEW.value))
+
+
+def dense_equivalent(model, params, ids, n, label) -> dict:
+  """A setting that reads dense's bytes through a sparse fast path: timed beside dense, and
+  with --profile traced."""
+  gate = gsi_jax.make_gate(0.0, batch1_switch=True)
+  timed = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
+  logging.info("%s: %.2fx dense beside it [%.2f, %.2f]", label, timed["measured_speedup"],
+               timed["speedup_low"], timed["speedup_high"])
+  if _PROFILE.value:
+    timed["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
+    logging.info("%s, profile: %s", label, timed["profile"])
+  return timed
 
 
 def main(argv):
@@ -160,8 +179,9 @@ def main(argv):
       gate = gsi_jax.make_gate(eps, impl=_IMPL.value, batch1_switch=True)
       timed = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
       g_tps = timed["tokens_per_s"]
-      _, share = model.generate(params, ids, n, gate, return_stats=True, stop_at_eos=False)
-      b = metrics.byte_accounting(params, share)
+      _, stats = model.generate(params, ids, n, gate, return_stats=True, stop_at_eos=False)
+      share = stats["fast_share_by_layer"]
+      b = metrics.byte_accounting(params, share, stats["rows_by_layer"])
       result["gsi"].append({
           "k": k, "eps": eps, "impl": gate.impl, **timed,
           "decode_fast_share": metrics.mean_share(share),
@@ -173,15 +193,14 @@ def main(argv):
                    eps, g_tps, timed["measured_speedup"], timed["speedup_low"],
                    timed["speedup_high"])
   if _KEPT_ALL.value:
-    params = peers.apply_sparsity(model.params, P.per_site(model.params, 0.0))
-    gate = gsi_jax.make_gate(0.0, batch1_switch=True)
-    result["kept_all"] = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
-    logging.info("every row kept: %.2fx dense beside it [%.2f, %.2f]",
-                 result["kept_all"]["measured_speedup"], result["kept_all"]["speedup_low"],
-                 result["kept_all"]["speedup_high"])
-    if _PROFILE.value:
-      result["kept_all"]["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
-      logging.info("every row kept, profile: %s", result["kept_all"]["profile"])
+    result["kept_all"] = dense_equivalent(
+        model, peers.apply_sparsity(model.params, P.per_site(model.params, 0.0)), ids, n,
+        "every row kept")
+  if _CATS_ALL.value:
+    every_layer = {layer: 0.0 for layer in P.layers(model.params)}
+    result["cats_all"] = dense_equivalent(
+        model, peers.apply_cats(model, model.params, every_layer), ids, n,
+        "CATS, every channel kept")
   if _TORCH.value:
     t_tps, t_load = torch_decode(model.source, ids, n, _REPEATS.value)
     result.update(torch_tokens_per_s=t_tps, torch_load_s=t_load,

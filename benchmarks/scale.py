@@ -275,9 +275,10 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None, save=lambda out: Non
     timed = decode_beside(model, prompt, cfg.new_tokens, cfg.repeats, params, gate,
                           model.params)
     tps = timed["tokens_per_s"]
-    _, share = model.generate(params, prompt, cfg.new_tokens, gate, return_stats=True,
+    _, stats = model.generate(params, prompt, cfg.new_tokens, gate, return_stats=True,
                               stop_at_eos=False)
-    b = metrics.byte_accounting(params, share)
+    share = stats["fast_share_by_layer"]
+    b = metrics.byte_accounting(params, share, stats["rows_by_layer"])
     out["points"].append({
         "name": name, "eps": eps, "impl": gate.impl, **timed,
         "fast_share": metrics.mean_share(share), "byte_ideal_speedup": b["speedup_bytes"],

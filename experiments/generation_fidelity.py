@@ -32,9 +32,9 @@ def first_divergence(a: str, b: str) -> int | None:
 def continuation(model, params, prompt, n, gate=None):
   """(new token ids, their text, decode fast shares) of a greedy generation."""
   ids = model.encode(prompt)[None]
-  out, share = model.generate(params, ids, n, gate, return_stats=True)
+  out, stats = model.generate(params, ids, n, gate, return_stats=True)
   new = np.asarray(out)[0, ids.shape[1]:]
-  return new, model.decode(new), share
+  return new, model.decode(new), stats["fast_share_by_layer"]
 
 
 def generation_fidelity(config: ExperimentConfig):

@@ -49,8 +49,9 @@ def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
   dense_ids, dense_tps, dense_compile_s = timed_generate(model, model.params, ids, n)
   gate = gsi_jax.make_gate(eps, impl=config.impl, batch1_switch=True)
   gsi_ids, gsi_tps, gsi_compile_s = timed_generate(model, params, ids, n, gate)
-  _, decode_share = model.generate(params, ids, n, gate, return_stats=True)
-  decode_bytes = metrics.byte_accounting(params, decode_share)
+  _, decode_stats = model.generate(params, ids, n, gate, return_stats=True)
+  decode_share = decode_stats["fast_share_by_layer"]
+  decode_bytes = metrics.byte_accounting(params, decode_share, decode_stats["rows_by_layer"])
 
   logging.info("scoring %d held-out tokens, dense and GSI", s.held_out.n_tokens)
   dense_scores = metrics.score(model, model.params, s.held_out.ids)

@@ -100,7 +100,7 @@ def apply_sparsity(params, thresholds: dict):
   return P.with_site_values(params, P.THRESHOLD, thresholds)
 
 
-def _check_gated_mlp(model):
+def check_gated_mlp(model):
   if not model.config.gated_mlp:
     raise GSIError(f"CATS needs a gated MLP (gate and up projections); this "
                    f"{model.config.family} model's MLP has none")
@@ -110,7 +110,7 @@ def cats_thresholds(model, params, windows_NT: np.ndarray, sparsity: float,
                     max_windows: int = 8) -> dict:
   """{layer: t}: the |act(x W_gate)| quantile that drops `sparsity` of each layer's
   MLP channels, on the calibration windows."""
-  _check_gated_mlp(model)
+  check_gated_mlp(model)
   if not 0 <= sparsity < 1:
     raise GSIError(f"sparsity must be in [0, 1), got {sparsity}")
   out = {}
@@ -127,7 +127,7 @@ def apply_cats(model, params, thresholds: dict):
   layer's threshold (`gsi_jax.ops.cats`).  mlp_in gains the threshold and W_up
   transposed (the fast path reads its kept rows; stored beside W_up, so the tree
   holds one more copy of it); mlp_out skips the rows whose input is exactly 0."""
-  _check_gated_mlp(model)
+  check_gated_mlp(model)
   out = params
   for layer, t in thresholds.items():
     if P.BIAS in params[layer]["mlp_in"]:  # up's bias would make the dropped channels nonzero

@@ -326,6 +326,7 @@ def test_decode_benchmark_checks_flags_before_loading(bad, message):
 @pytest.mark.parametrize("bad, message", [
     (["--gsi=10000:0.1"], "--gsi k=10000 exceeds the widest site"),
     (["--max_new_tokens=100"], "--prompt plus --max_new_tokens of"),
+    (["--cats_all"], "CATS needs a gated MLP"),
 ])
 def test_decode_benchmark_checks_the_model_before_timing(tiny_folder, tmp_path, bad, message):
   folder, _ = tiny_folder("gpt2")
@@ -340,14 +341,15 @@ def test_decode_benchmark_times_points_beside_dense_and_profiles_them(tiny_folde
   folder, _ = tiny_folder("llama_gqa")
   out = tmp_path / "decode.json"
   proc = run_decode_benchmark([f"--model={folder}", "--prompt=abc", "--max_new_tokens=4",
-                               "--repeats=3", "--gsi=8:0.1", "--kept_all", "--profile",
+                               "--repeats=3", "--gsi=8:0.1", "--kept_all", "--cats_all",
+                               "--profile",
                                f"--bases_dir={tmp_path / 'bases'}", f"--out={out}"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(out.read_text())
-  for point in (r["gsi"][0], r["kept_all"]):
+  for point in (r["gsi"][0], r["kept_all"], r["cats_all"]):
     assert point["speedup_low"] <= point["measured_speedup"] <= point["speedup_high"]
     assert point["rounds"] == 3 and point["tokens_per_s"] > 0 and point["dense_tokens_per_s"] > 0
-  for profile in (r["dense_profile"], r["kept_all"]["profile"]):
+  for profile in (r["dense_profile"], r["kept_all"]["profile"], r["cats_all"]["profile"]):
     assert profile["per_op_events"] and profile["ops_per_token"] > 0
     ranked = [op["ms_per_token"] for op in profile["top_ops"]]
     assert ranked == sorted(ranked, reverse=True) and len(ranked) <= 12

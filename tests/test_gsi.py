@@ -50,6 +50,30 @@ def test_eps_zero_is_dense(tiny, name):
                              atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("batch1_switch", [False, True])
+def test_eps_zero_reads_no_basis(tiny, batch1_switch):
+  """ε = 0 cannot fire, so the xla path reads W alone: no V_k product in that branch, and
+  the byte formula (fed by the V columns each site reports) gives dense's bytes."""
+  model, bases, _ = tiny("llama_gqa")
+  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  gate = make_gate(0.0, impl="xla", batch1_switch=batch1_switch)
+  scores = metrics.score(model, params, EVAL, gate)
+  assert all(v == 0 for sites in scores["rows_by_layer"].values() for v, _ in sites.values())
+  b = metrics.byte_accounting(params, scores["fast_share_by_layer"], scores["rows_by_layer"])
+  assert b["bytes_per_token"] == pytest.approx(b["bytes_per_token_dense"])
+  assert metrics.score(model, params, EVAL, make_gate(0.5, impl="xla"))["rows_by_layer"] \
+      [P.layer_name(0)]["attn_in"][0] == 8
+  x = jnp.ones((1, 1, 16))
+  W, V = [jnp.ones((16, 4)), jnp.ones((16, 6))], jnp.eye(16)[:, :3]
+  weights = GatedWeights(W, V, [V.T @ w for w in W])
+  jaxpr = jax.make_jaxpr(lambda e: gated_linear(x, weights, e, gate))(jnp.float32(0))
+  (cond,) = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "cond"]
+  never_fast, gated = cond.params["branches"]
+  dots = [[e.invars[1].aval.shape for e in branch.jaxpr.eqns if e.primitive.name == "dot_general"]
+          for branch in (never_fast, gated)]
+  assert dots[0] == [(16, 4), (16, 6)] and (16, 3) in dots[1]
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_full_rank_is_dense(tiny, name):
   model, bases, widest = tiny(name)
@@ -334,10 +358,15 @@ def test_gsi_head_invariants(tiny, name):
   # The head's own share is counted: all fast reads d k + k V' (V' = the padded columns of
   # M, every one read) instead of d V.
   scores = metrics.score(model, head, EVAL, make_gate(0.0, head_eps=math.inf))
-  assert scores["head_fast_share"] == 1.0
+  assert scores["head_fast_share"] == 1.0 and scores["head_v_columns"] == 6
   b = metrics.byte_accounting(head, head_fast_share=1.0)
   assert b["bytes_per_token_dense"] - b["bytes_per_token"] == pytest.approx(
       4 * (d * vocab - d * 6 - 6 * P.head_m_columns(vocab)))
+  # At head ε = 0 it cannot fire, and the xla path reads W alone: dense's bytes.
+  scores = metrics.score(model, head, EVAL, make_gate(0.0, impl="xla"))
+  assert scores["head_fast_share"] == 0 and scores["head_v_columns"] == 0
+  b = metrics.byte_accounting(head, head_fast_share=0.0, head_v_columns=0.0)
+  assert b["bytes_per_token"] == pytest.approx(b["bytes_per_token_dense"])
   assert jax.tree.structure(gsi_jax.dense_params(head)) == jax.tree.structure(model.params)
   with pytest.raises(GSIError, match="head k must be"):
     gsi_jax.apply_gsi_head(model.params, V, 17)

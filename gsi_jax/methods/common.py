@@ -17,7 +17,7 @@ def gated_bytes(params):
 def sparse_bytes(params):
   """A kept-share tree (sparsity and its kin): the rows each site kept, and the head."""
   return lambda sc: mbytes.sparsity_bytes(params, sc["kept_share_by_layer"],
-                                          sc["head_fast_share"])
+                                          sc["head_fast_share"], sc["head_v_columns"])
 
 
 def by_tree(formula):
@@ -55,7 +55,8 @@ GPU_KEPT_ROWS = "kept_kernel.kept_rows, the Pallas kernel in Triton (impl pallas
 TPU_KEPT_ROWS = "the masked product in XLA (Mosaic has no masked loads)"
 KEPT_ROWS = {"cpu": CPU_KEPT_ROWS, "cuda": GPU_KEPT_ROWS, "rocm": GPU_KEPT_ROWS,
              "tpu": TPU_KEPT_ROWS}
-GATED = {"cpu": "gated_linear, impl xla: the batch-1 lax.switch (V_k and M, or V_k and W)",
+GATED = {"cpu": "gated_linear, impl xla: the batch-1 lax.switch (V_k and M, or V_k and W; "
+                "W alone at eps <= 0)",
          "cuda": "gated_matmul, the Pallas kernel in Triton (impl pallas or auto)",
          "rocm": "gated_matmul, the Pallas kernel in Triton (impl pallas or auto)",
          "tpu": "gated_matmul, the Pallas kernel in Mosaic (impl pallas or auto)"}

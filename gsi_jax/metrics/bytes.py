@@ -53,17 +53,20 @@ def other_elements(params) -> int:
   return other
 
 
-def head_elements(params, fast_share: float | None = None) -> float:
-  """Weights the LM head reads per token; a GSI head reads V_k, then M on fast
-  tokens and W on slow ones (fast_share None: always slow)."""
+def head_elements(params, fast_share: float | None = None,
+                  v_columns: float | None = None) -> float:
+  """Weights the LM head reads per token; a GSI head reads V_k's v_columns (None: all k;
+  0 where its ε ≤ 0 skipped them), then M on fast tokens and W on slow ones
+  (fast_share None: always slow)."""
   d, vocab = P.head_kernel(params).shape
   head = P.head(params)
   bias = head[P.BIAS].size if P.BIAS in head else 0
   if not P.has_gsi(head):
     return float(d * vocab + bias)
   k, f = head[P.V].shape[1], fast_share or 0.0
+  v_cols = k if v_columns is None else v_columns
   padding = head[P.M][P.HEAD_MAP].shape[1] - vocab  # M's zero columns, read on fast tokens
-  return gated_map_elements(d, vocab, k, f * k, f) + f * k * padding + bias
+  return gated_map_elements(d, vocab, v_cols, f * k, f) + f * k * padding + bias
 
 
 def linear_elements_dense(params) -> float:
@@ -101,14 +104,15 @@ def kept_site_elements(node, d: int, out: int, kept: float) -> float:
   return elements
 
 
-def sparsity_bytes(params, kept_share_by_layer: dict, head_fast_share: float | None) -> float:
+def sparsity_bytes(params, kept_share_by_layer: dict, head_fast_share: float | None,
+                   head_v_columns: float | None = None) -> float:
   """Every site as `kept_site_elements` counts it at its kept share (1 where it has none:
   a dense site), one threshold per site, and the head as it ran (dense, or gated)."""
   lin = sum(kept_site_elements(params[layer][site], d, o,
                                kept_share_by_layer.get(layer, {}).get(site, 1.0))
             for layer, site, d, o in P.site_shapes(params))
-  return (lin + other_elements(params) + head_elements(params, head_fast_share)) \
-      * itemsize(params)
+  return (lin + other_elements(params)
+          + head_elements(params, head_fast_share, head_v_columns)) * itemsize(params)
 
 
 def svd_bytes(params, rank: int) -> float:
@@ -121,13 +125,15 @@ def svd_bytes(params, rank: int) -> float:
 
 def byte_accounting(params, fast_share_by_layer: dict | None = None,
                     rows_by_layer: dict | None = None,
-                    head_fast_share: float | None = None) -> dict:
+                    head_fast_share: float | None = None,
+                    head_v_columns: float | None = None) -> dict:
   """Weight bytes read per decoded token (batch 1), dense and as `params` run, by both counts.
 
   fast_share_by_layer: {layer: {site: share}}; a GSI site with no entry is
   taken as always slow, a site without V_k as dense.  rows_by_layer: {layer:
   {site: (V columns, M rows)}} read per token on average (`score`'s; needed
-  for the rank ladder), else (k, share × k).  head_fast_share: of a GSI head.
+  for the rank ladder), else (k, share × k).  head_fast_share, head_v_columns: of a
+  GSI head (`score`'s).
   """
   share = fast_share_by_layer or {}
   lin_dense = lin = paper = 0.0
@@ -147,7 +153,7 @@ def byte_accounting(params, fast_share_by_layer: dict | None = None,
   size = itemsize(params)
   other = other_elements(params)
   head_dense = head_elements(P.dense_params(params))
-  head = head_elements(params, head_fast_share)
+  head = head_elements(params, head_fast_share, head_v_columns)
   total_dense = (lin_dense + other + head_dense) * size
   total = (lin + other + head) * size
   model_size = sum(leaf.size for leaf in jax.tree.leaves(P.dense_params(params)))

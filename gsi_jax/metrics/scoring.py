@@ -31,8 +31,9 @@ def _score_batch(module, params, ids_BT, gate):
            "fast_rank": sums("gate_stats", lambda v: v["rank"][0] * v["fast"][0]),
            "kept": sums("sparsity_stats", lambda v: v["kept"][0])}
   if "head_stats" in state:
-    stats["head_fast"] = jnp.sum(state["head_stats"]["lm_head"]["fast"][0][:, :-1],
-                                 dtype=jnp.float32)
+    head = state["head_stats"]["lm_head"]
+    for stat in ("fast", "rank"):
+      stats[f"head_{stat}"] = jnp.sum(head[stat][0][:, :-1], dtype=jnp.float32)
   return nll, jnp.argmax(logits[:, :-1], -1), stats
 
 
@@ -41,7 +42,7 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
   """Next-token NLL and argmax per position, and gate statistics per token:
   per site the fast share, the mean (V columns, M rows) read (the rank
   ladder's bytes), the share of inputs kept (magnitude sparsity); the GSI
-  LM head's fast share (None without one).
+  LM head's fast share and mean V columns read (None without one).
 
   The last position of each window has no target and is left out everywhere.
   """
@@ -58,7 +59,7 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
   rows = jax.tree.map(lambda v, m: (v, m), mean["rank"], mean["fast_rank"])
   return {"nll": nll, "top1": top1, "fast_share_by_layer": mean["fast"],
           "rows_by_layer": rows, "kept_share_by_layer": mean["kept"],
-          "head_fast_share": mean.get("head_fast")}
+          "head_fast_share": mean.get("head_fast"), "head_v_columns": mean.get("head_rank")}
 
 
 def mean_share(share_by_layer: dict) -> float:

@@ -141,8 +141,10 @@ class LMHead(nn.Module):
       y_BTV = x_BTD @ (W.T if transposed else W)
     else:
       eps = gate.eps if gate.head_eps is None else gate.head_eps
-      (y_BTV,), fast_BT, _ = gated_linear(x_BTD, gated_weights(self, [W], transposed), eps, gate)
+      (y_BTV,), fast_BT, rank_BT = gated_linear(
+          x_BTD, gated_weights(self, [W], transposed), eps, gate)
       self.sow("head_stats", "fast", fast_BT)
+      self.sow("head_stats", "rank", rank_BT)
     if self.use_bias:
       y_BTV = add_bias(y_BTV, self.param(P.BIAS, nn.initializers.zeros, (self.vocab_size,),
                                          self.dtype))

@@ -18,14 +18,15 @@ from gsi_jax.models.decoder import Decoder, init_cache
 from gsi_jax.ops import Gate
 
 
-def _fast_counts(gate_stats) -> dict:
-  """{layer: {site: (fast tokens, tokens)}} from the sown fast masks."""
+def _gate_counts(gate_stats) -> dict:
+  """{layer: {site: (fast tokens, tokens, V columns read, M rows read)}} from the sown
+  fast masks and ranks, summed over tokens (a rank ladder's token reads its rung of M)."""
   out = {}
   for layer, sites in gate_stats.items():
     for site, val in sites.items():
-      fast = val["fast"][0]
+      fast, rank = val["fast"][0].astype(jnp.float32), val["rank"][0].astype(jnp.float32)
       out.setdefault(layer, {})[site] = jnp.stack(
-          [jnp.sum(fast, dtype=jnp.float32), jnp.float32(fast.size)])
+          [jnp.sum(fast), jnp.float32(fast.size), jnp.sum(rank), jnp.sum(rank * fast)])
   return out
 
 
@@ -58,7 +59,7 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids)
   def step(ids, start, cache, last):
     (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
                                           mutable=["gate_stats"])
-    counts = _fast_counts(state.get("gate_stats", {}))
+    counts = _gate_counts(state.get("gate_stats", {}))
     logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
     return jnp.argmax(logits_BV, -1).astype(ids_BL.dtype), cache, counts
 
@@ -197,9 +198,10 @@ class Model:
 
     stop_at_eos (as transformers' generate): stop once every row has produced an
     end-of-sequence token, so N <= max_new_tokens; a row that finished earlier
-    repeats its end-of-sequence token.  With return_stats, also {layer: {site:
-    fast share}} over the decode steps run (the prompt's prefill excluded),
-    which is what batch-1 decoding reads.
+    repeats its end-of-sequence token.  With return_stats, also the decode steps'
+    gate statistics (the prompt's prefill excluded), which is what batch-1 decoding
+    reads: per site the fast share ("fast_share_by_layer") and the mean (V columns,
+    M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
     """
     if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) \
         or max_new_tokens < 1:
@@ -221,8 +223,10 @@ class Model:
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
       return out
-    return out, jax.tree.map(lambda c: float(c[0] / max(float(c[1]), 1.0)), counts,
-                             is_leaf=lambda x: isinstance(x, jax.Array))
+    per_token = lambda read: jax.tree.map(lambda c: read(np.asarray(c) / max(float(c[1]), 1.0)),
+                                          counts, is_leaf=lambda x: isinstance(x, jax.Array))
+    return out, {"fast_share_by_layer": per_token(lambda c: float(c[0])),
+                 "rows_by_layer": per_token(lambda c: (float(c[2]), float(c[3])))}
 
   def encode(self, text: str) -> np.ndarray:
     if self.tokenizer is None:

@@ -9,7 +9,8 @@ with kernels stored (d, O) as x @ W, so M_i = V_kᵀ W_i (the transpose of the
 paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
   "xla": a masked select (both branches computed), or with gate.batch1_switch
          a three-way lax.switch on the call's gate pattern, which at one token
-         per call reads V_k and M, or V_k and W;
+         per call reads V_k and M, or V_k and W; at ε ≤ 0, where the gate cannot
+         fire, a lax.cond on ε reads W alone (so ε = 0 costs what dense does);
   "pallas": `gsi_jax.ops.kernel.gated_matmul`, one call for every map of the
          site, which computes the gate from x and g and reads M's or W's tiles
          only for the tokens that need them (compiled on cuda, rocm and tpu,
@@ -72,10 +73,10 @@ def _pallas(x_BTD, g_BTK, eps, weights: GatedWeights):
 
 
 def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: Gate):
-  """Outputs per map (in weights.W's order), the fast mask (B, T) and the rank each
-  token used (B, T): k, or the ladder rung it stopped at.  In mode "soft" the mask
-  is the hard one forward and `soft_fast`'s backward (a float), and the outputs mix
-  both products by it."""
+  """Outputs per map (in weights.W's order), the fast mask (B, T) and the V_k columns
+  each token read (B, T): k, the ladder rung it stopped at, or 0 where the xla path
+  skipped V_k (ε ≤ 0).  In mode "soft" the mask is the hard one forward and
+  `soft_fast`'s backward (a float), and the outputs mix both products by it."""
   g_BTK = x_BTD @ weights.V
   k = weights.V.shape[1]
   rank_BT = jnp.full(x_BTD.shape[:-1], k, jnp.int32)
@@ -99,8 +100,19 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     fast_BT = output_gate_mask(x_BTD, g_BTK, *weights.sketch, eps)
 
   def xla():
-    fast = gate_mask(x_BTD, g_BTK, eps) if fast_BT is None else fast_BT
-    return _xla(x_BTD, g_BTK, fast, weights, gate), fast
+    if fast_BT is not None:  # decided above
+      return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
+
+    def gated():  # g inside the branch, so ε ≤ 0 skips it (the g above is then unused)
+      g = x_BTD @ weights.V
+      fast = gate_mask(x_BTD, g, eps)
+      return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
+
+    def never_fast():  # ε ≤ 0: no token can be fast, so V_k is not read either
+      lead = x_BTD.shape[:-1]
+      return ([dense_matmul(x_BTD, W, weights.W_transposed) for W in weights.W],
+              jnp.zeros(lead, bool), jnp.zeros(lead, jnp.int32))
+    return lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
     if gate.mode == "static":
@@ -110,15 +122,13 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     else:  # decided above (ladder, sketch): a threshold of ∞ makes a token fast, 0 slow
       token_eps = jnp.where(fast_BT, jnp.inf, 0.0).reshape(-1)
     ys, fast = _pallas(x_BTD, g_BTK, token_eps, weights)
-    return ys, fast if fast_BT is None else fast_BT
+    return ys, fast if fast_BT is None else fast_BT, rank_BT
 
   if gate.impl == "pallas":
-    ys, fast_BT = pallas()
-  elif gate.impl == "auto":
-    ys, fast_BT = lax.platform_dependent(cpu=xla, default=pallas)
-  else:
-    ys, fast_BT = xla()
-  return ys, fast_BT, rank_BT
+    return pallas()
+  if gate.impl == "auto":
+    return lax.platform_dependent(cpu=xla, default=pallas)
+  return xla()
 
 
 def _xla(x_BTD, g_BTK, fast_BT, weights: GatedWeights, gate: Gate):
