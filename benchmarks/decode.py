@@ -10,7 +10,7 @@ reports its weight bytes per token and the bandwidth they imply as a share of
 --peak_bandwidth_gb_s.  --profile also splits dense decode's time between
 matrix products, custom calls and everything else, with the op kinds that
 take most (per-op tracing is on for the whole run, so its timings carry the
-tracing's overhead); --kept_all adds sparsity with every row kept and
+tracing's overhead), and traces each GSI point the same way; --kept_all adds sparsity with every row kept and
 --cats_all CATS with every channel kept (each at dense's bytes, through the
 kept-rows kernels), timed beside dense and profiled the same way.
 """
@@ -189,6 +189,8 @@ def main(argv):
           "bandwidth_utilisation": utilisation(b["bytes_per_token"], g_tps),
           "predicted_speedup_bytes": b["speedup_bytes"],
           "predicted_speedup_paper": b["speedup_paper"]})
+      if _PROFILE.value:
+        result["gsi"][-1]["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
       logging.info("JAX GSI k=%d eps=%g: %.1f tok/s, %.2fx dense beside it [%.2f, %.2f]", k,
                    eps, g_tps, timed["measured_speedup"], timed["speedup_low"],
                    timed["speedup_high"])

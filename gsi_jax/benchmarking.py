@@ -184,12 +184,47 @@ class PeakMemory:
 TRACE_FLAG = "--xla_cpu_enable_xprof_traceme=true"  # per-op events on CPU; set before jax starts
 
 
+def _is_op(name: str) -> bool:
+  """Whether a trace event is an XLA op: not a Python frame, executor bookkeeping, a host
+  call or a control-flow container (a cond, while or call, whose ops have events of their
+  own)."""
+  return not (name.startswith(("$", "end:", "while", "cond", "call"))
+              or any(mark in name for mark in ("Thunk", "::", "(", " ")))
+
+
+def _conditionals(events, n: int) -> dict:
+  """The lax.cond and lax.switch containers per token, and their own milliseconds per token:
+  each container's time less that of the ops it ran (the cost of choosing a branch)."""
+  by_thread: dict = {}
+  for e in events:
+    by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+  count, own_us = 0, 0.0
+  for thread in by_thread.values():
+    thread.sort(key=lambda e: e["ts"])
+    outer_end = -1.0  # a nested container's own time is already in its outer one's
+    for i, e in enumerate(thread):
+      if not e["name"].startswith("cond"):
+        continue
+      count += 1
+      end = e["ts"] + e.get("dur", 0)
+      if e["ts"] < outer_end:
+        continue
+      outer_end, inner = end, 0.0
+      for op in thread[i + 1:]:
+        if op["ts"] >= end:
+          break
+        inner += op.get("dur", 0) if _is_op(op["name"]) else 0.0
+      own_us += e.get("dur", 0) - inner
+  return {"conditionals_per_token": count / n, "conditional_own_ms_per_token": own_us / 1e3 / n}
+
+
 def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = None,
                    top: int = 12) -> dict:
   """Where a decode's time goes, from a jax.profiler trace of one warm greedy decode of n
   tokens: milliseconds per token in matrix products (XLA ops whose name holds "dot"),
   in custom and FFI calls (the CPU kernels) and in everything else, the ops run per token, and
-  the `top` op kinds by time (an op's name without its numeric suffix).
+  the `top` op kinds by time (an op's name without its numeric suffix), and the
+  conditionals run per token with the time they take beyond their ops.
 
   On CPU, per-op events need XLA_FLAGS to hold TRACE_FLAG before jax starts; without
   them the counts are empty and the result says so.
@@ -203,13 +238,12 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
   wall = time.perf_counter() - t0
   files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
   events = json.load(gzip.open(files[-1]))["traceEvents"] if files else []
+  events = [e for e in events if e.get("ph") == "X"]
   by_kind: dict[str, list[float]] = {}
   for e in events:
-    name = e.get("name", "")
-    if e.get("ph") != "X" or name.startswith(("$", "end:", "while", "conditional", "call")) \
-        or any(mark in name for mark in ("Thunk", "::", "(", " ")):
-      continue  # Python frames, executor bookkeeping, host calls, control-flow containers
-    kind = name.rstrip("0123456789").rstrip(".")
+    if not _is_op(e["name"]):
+      continue
+    kind = e["name"].rstrip("0123456789").rstrip(".")
     entry = by_kind.setdefault(kind, [0.0, 0])
     entry[0] += e.get("dur", 0)
     entry[1] += 1
@@ -223,5 +257,6 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
           "custom_call_ms_per_token": part(custom),
           "other_ms_per_token": part(lambda k: "dot" not in k and not custom(k)),
           "ops_per_token": ops / n, "per_op_events": bool(ops),
+          **_conditionals(events, n),
           "top_ops": [{"op": k, "ms_per_token": per_token(t), "per_token": c / n}
                       for k, (t, c) in ranked]}

@@ -102,3 +102,16 @@ def test_benchmarks_time_in_paired_rounds_with_an_interval(tmp_path, script, arg
     assert r["rounds"] == 5 and r["dense_spread"] >= 1
     assert r["verdict"] in ("faster", "slower", "within noise")
     assert r["of_ideal"] == pytest.approx(r["measured_speedup"] / r["ideal_speedup"])
+
+
+def test_conditionals_own_time_is_their_span_less_their_ops():
+  """A cond of 10 µs running a 6 µs dot and a nested cond (2 µs, running a 1 µs op) costs
+  10 - 6 - 1 = 3 µs of its own, the nested one's inside it and counted once."""
+  events = [{"name": "cond.1", "ts": 0, "dur": 10, "pid": 1, "tid": 1},
+            {"name": "dot.3", "ts": 1, "dur": 6, "pid": 1, "tid": 1},
+            {"name": "cond.2", "ts": 7, "dur": 2, "pid": 1, "tid": 1},
+            {"name": "add_fusion", "ts": 7.5, "dur": 1, "pid": 1, "tid": 1},
+            {"name": "dot.4", "ts": 12, "dur": 5, "pid": 1, "tid": 1},
+            {"name": "dot.5", "ts": 2, "dur": 5, "pid": 1, "tid": 2}]  # another thread
+  r = benchmarking._conditionals(events, n=1)
+  assert r == {"conditionals_per_token": 2, "conditional_own_ms_per_token": 3e-3}

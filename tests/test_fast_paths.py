@@ -80,10 +80,10 @@ def test_the_cpu_kernel_is_built_and_reads_in_place():
                                            (1024, (1536, 1000, 2047), 0.9)])  # two
 def test_one_call_serves_every_map_of_a_site(d, outs, kept):
   """Every map of a site (q, k, v) in one kernel call, which finds the kept rows once and,
-  for a product of over 2^20 kept weights, gives the upper half of every output's
-  columns to its helper thread (odd widths split unevenly); two such calls side by side
-  (XLA runs independent ones together) contend for the helper, and the one that finds it
-  busy works alone."""
+  for a product of over 2^18 kept weights, gives the upper half of the kept rows to its
+  helper thread, which sums them into its own buffer (odd counts split unevenly); two
+  such calls side by side (XLA runs independent ones together) contend for the helper,
+  and the one that finds it busy works alone."""
   x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
   keep = jnp.asarray(RNG.random(d) < kept)
   Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in outs]

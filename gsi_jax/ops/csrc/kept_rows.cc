@@ -5,7 +5,9 @@
 // XLA's CPU backend copies any gathered or sliced rows of W into a new buffer before
 // its dot, so a kept-rows product there moves the kept bytes about three times.  This
 // handler streams each kept row once, eight rows per pass over y (which stays in L1), for
-// every map of a site in one call, on two threads when the product is large.
+// every map of a site in one call, on two threads when the product is large (each thread
+// whole rows: rows split by columns made short streams, 0.83 of the byte ideal at 3/4 of
+// 576x3072's rows kept against 0.95 split by rows, results/benchmarks/sparse_rows.json).
 // Registered with XLA's FFI by gsi_jax/ops/cpu_kernels.py, which compiles it.
 #include <algorithm>
 #include <condition_variable>
@@ -22,6 +24,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+constexpr int64_t kHeadFloats = 64;  // four cache lines
+
 // y[j0:j1] = sum over rows of x[row] * W[row, j0:j1].
 void Accumulate(const float* xs, const float* ws, const int64_t* rows, int64_t n_rows,
                 int64_t o, int64_t j0, int64_t j1, float* __restrict__ ys) {
@@ -33,6 +37,13 @@ void Accumulate(const float* xs, const float* ws, const int64_t* rows, int64_t n
     for (int q = 0; q < 8; ++q) {
       a[q] = xs[rows[r + q]];
       w[q] = ws + rows[r + q] * o;
+    }
+    // The next pass's rows start where the prefetcher cannot guess: fetch their heads now.
+    for (int64_t q = r + 8; q < std::min(r + 16, n_rows); ++q) {
+      const float* head = ws + rows[q] * o + j0;
+      for (int64_t l = 0; l < std::min<int64_t>(j1 - j0, kHeadFloats); l += 16) {
+        __builtin_prefetch(head + l);
+      }
     }
     for (int64_t j = j0; j < j1; ++j) {
       ys[j] += (a[0] * w[0][j] + a[1] * w[1][j]) + (a[2] * w[2][j] + a[3] * w[3][j]) +
@@ -59,9 +70,9 @@ void Accumulate(const float* xs, const float* ws, const int64_t* rows, int64_t n
 
 namespace {
 
-// One helper thread beside XLA's own: a large product gives it the upper half of every
-// output's columns while the calling thread does the lower half (one core streams about
-// 20 GB/s here; two read what the memory gives).  It is taken with try_lock, so calls
+// One helper thread beside XLA's own: a large product gives it the upper half of the kept
+// rows while the calling thread does the lower half (one core streams about 20 GB/s here;
+// two read what the memory gives).  It is taken with try_lock, so calls
 // that XLA runs side by side never wait for each other: a call that finds it busy does
 // its whole product alone.  It waits on a condition variable, never spins.
 class Helper {
@@ -150,23 +161,31 @@ static ffi::Error KeptRowsImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::PRED> k
     if (ks[i]) rows.push_back(i);
   }
   const float* xs = x.typed_data();
-  const int64_t n = rows.size();
-  // Columns [0, half) of each output on this thread, [half, O) on the helper's; half is a
-  // multiple of 16 floats, so the two never write one cache line.
-  auto half = [](int64_t o) { return o < 32 ? o : (o / 2) & ~int64_t{15}; };
-  auto run = [&](bool upper) {
+  const int64_t n = rows.size(), lower = n / 2;
+  // Kept rows [0, lower) on this thread and [lower, n) on the helper's, each over whole
+  // rows into its own sums, added at the end: each thread reads runs of consecutive kept
+  // rows as one stream, which the hardware prefetcher follows.
+  Helper& helper = Helper::Instance();
+  std::vector<float> upper;
+  if (n * columns >= kSplitElements) upper.resize(columns);
+  auto run = [&](int64_t r0, int64_t r1, float* scratch) {
+    int64_t offset = 0;
     for (const Map& m : maps) {
-      const int64_t j0 = upper ? half(m.o) : 0, j1 = upper ? m.o : half(m.o);
-      if (j1 > j0) Accumulate(xs, m.w, rows.data(), n, m.o, j0, j1, m.y);
+      Accumulate(xs, m.w, rows.data() + r0, r1 - r0, m.o, 0, m.o,
+                 scratch ? scratch + offset : m.y);
+      offset += m.o;
     }
   };
-  Helper& helper = Helper::Instance();
-  if (n * columns >= kSplitElements && helper.Start([&] { run(true); })) {
-    run(false);
+  if (!upper.empty() && helper.Start([&] { run(lower, n, upper.data()); })) {
+    run(0, lower, nullptr);
     helper.Wait();
+    int64_t offset = 0;
+    for (const Map& m : maps) {
+      for (int64_t j = 0; j < m.o; ++j) m.y[j] += upper[offset + j];
+      offset += m.o;
+    }
   } else {
-    run(false);
-    run(true);
+    run(0, n, nullptr);
   }
   return ffi::Error::Success();
 }
@@ -192,33 +211,30 @@ inline float Sum(Lanes v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
-// ys[r] = W[r, :] . x for the given rows, four rows per pass over x.
+// ys[r] = W[r, :] . x for `Rows` rows at rows[0..Rows), in one pass over x.
+template <int Rows>
+void DotsPass(const float* xs, const float* ws, const int64_t* rows, int64_t d, float* ys) {
+  const int64_t d8 = d - d % 8;
+  const float* w[Rows];
+  for (int q = 0; q < Rows; ++q) w[q] = ws + rows[q] * d;
+  Lanes acc[Rows] = {};
+  for (int64_t j = 0; j < d8; j += 8) {
+    const Lanes xv = Load(xs + j);
+    for (int q = 0; q < Rows; ++q) acc[q] += Load(w[q] + j) * xv;
+  }
+  for (int q = 0; q < Rows; ++q) {
+    float sum = Sum(acc[q]);
+    for (int64_t j = d8; j < d; ++j) sum += w[q][j] * xs[j];
+    ys[rows[q]] = sum;
+  }
+}
+
+// ys[r] = W[r, :] . x for the given rows, eight rows per pass over x.
 void Dots(const float* xs, const float* ws, const int64_t* rows, int64_t n_rows, int64_t d,
           float* ys) {
-  const int64_t d8 = d - d % 8;
   int64_t r = 0;
-  for (; r + 4 <= n_rows; r += 4) {
-    const float* w[4];
-    for (int q = 0; q < 4; ++q) w[q] = ws + rows[r + q] * d;
-    Lanes acc[4] = {};
-    for (int64_t j = 0; j < d8; j += 8) {
-      const Lanes xv = Load(xs + j);
-      for (int q = 0; q < 4; ++q) acc[q] += Load(w[q] + j) * xv;
-    }
-    for (int q = 0; q < 4; ++q) {
-      float sum = Sum(acc[q]);
-      for (int64_t j = d8; j < d; ++j) sum += w[q][j] * xs[j];
-      ys[rows[r + q]] = sum;
-    }
-  }
-  for (; r < n_rows; ++r) {
-    const float* w = ws + rows[r] * d;
-    Lanes acc = {};
-    for (int64_t j = 0; j < d8; j += 8) acc += Load(w + j) * Load(xs + j);
-    float sum = Sum(acc);
-    for (int64_t j = d8; j < d; ++j) sum += w[j] * xs[j];
-    ys[rows[r]] = sum;
-  }
+  for (; r + 8 <= n_rows; r += 8) DotsPass<8>(xs, ws, rows + r, d, ys);
+  for (; r < n_rows; ++r) DotsPass<1>(xs, ws, rows + r, d, ys);
 }
 
 }  // namespace
