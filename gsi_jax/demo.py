@@ -4,8 +4,9 @@
 
 Loads the model, restores or calibrates bases on the calibration text,
 generates greedily with dense and GSI weights (batch 1, stopping at the
-end-of-sequence token), and evaluates perplexity ratio and top-1 agreement on
-held-out text.  Flags are defined only when run as a script.
+end-of-sequence token), times their decodes side by side in paired rounds (the
+median ratio and its 95% interval), and evaluates perplexity ratio and top-1
+agreement on held-out text.  Flags are defined only when run as a script.
 """
 
 from __future__ import annotations
@@ -13,23 +14,16 @@ from __future__ import annotations
 import logging
 import time
 
-import jax
 import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, experiment, metrics
+from gsi_jax import benchmarking, cli, experiment, metrics
 from gsi_jax.errors import GSIError
 
 
-def timed_generate(model, params, ids, n, gate=None):
-  """(ids, tokens/s, compile+first-run seconds); the timed run follows a warm-up."""
-  t0 = time.perf_counter()
-  jax.block_until_ready(model.generate(params, ids, n, gate))
-  compile_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  out = np.asarray(jax.block_until_ready(model.generate(params, ids, n, gate)))
-  return out, (out.shape[1] - ids.shape[1]) / (time.perf_counter() - t0), compile_s
+# Paired decode rounds, dense beside GSI: enough for an interval in a demo's time (~15 s).
+TIMED_ROUNDS = 7
 
 
 def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
@@ -46,9 +40,11 @@ def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
   ids = model.encode(prompt)[None]
   n = config.max_new_tokens
   logging.info("generating up to %d tokens, dense and GSI", n)
-  dense_ids, dense_tps, dense_compile_s = timed_generate(model, model.params, ids, n)
   gate = gsi_jax.make_gate(eps, impl=config.impl, batch1_switch=True)
-  gsi_ids, gsi_tps, gsi_compile_s = timed_generate(model, params, ids, n, gate)
+  dense_ids, gsi_ids = (np.asarray(model.generate(p, ids, n, g))
+                        for p, g in ((model.params, None), (params, gate)))
+  logging.info("timing %d-token decodes, GSI beside dense in %d rounds", n, TIMED_ROUNDS)
+  timed = benchmarking.decode_beside(model, ids, n, TIMED_ROUNDS, params, gate, model.params)
   _, decode_stats = model.generate(params, ids, n, gate, return_stats=True)
   decode_share = decode_stats["fast_share_by_layer"]
   decode_bytes = metrics.byte_accounting(params, decode_share, decode_stats["rows_by_layer"])
@@ -67,8 +63,10 @@ def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
       "decode_fast_share": metrics.mean_share(decode_share),
       "decode_speedup_paper": decode_bytes["speedup_paper"],
       "decode_speedup_bytes": decode_bytes["speedup_bytes"],
-      "dense_tokens_per_s": dense_tps, "gsi_tokens_per_s": gsi_tps,
-      "setup_s": setup_s, "dense_compile_s": dense_compile_s, "gsi_compile_s": gsi_compile_s,
+      "dense_tokens_per_s": timed["dense_tokens_per_s"], "gsi_tokens_per_s": timed["tokens_per_s"],
+      **{key: timed[key] for key in ("measured_speedup", "speedup_low", "speedup_high", "rounds",
+                                     "dense_spread", "verdict")},
+      "setup_s": setup_s, "gsi_compile_s": timed["compile_s"],
       "calibration": s.calib.describe(), "evaluation": s.held_out.describe(),
       **{key: quality[key] for key in ("ppl_dense", "ppl", "ppl_ratio", "top1_agreement",
                                        "fast_share", "fast_share_by_site")},
@@ -89,8 +87,10 @@ def report(r: dict) -> str:
       f"decode fast-path share: {r['decode_fast_share']:.1%}",
       f"speedup on weight reads: paper formula {r['decode_speedup_paper']:.2f}x, "
       f"true bytes per token {r['decode_speedup_bytes']:.2f}x",
-      f"measured decode: dense {r['dense_tokens_per_s']:.1f} tok/s, "
-      f"GSI {r['gsi_tokens_per_s']:.1f} tok/s ({r['gsi_tokens_per_s'] / r['dense_tokens_per_s']:.2f}x)",
+      f"measured decode: dense {r['dense_tokens_per_s']:.1f} tok/s, GSI "
+      f"{r['gsi_tokens_per_s']:.1f} tok/s, {r['measured_speedup']:.2f}x "
+      f"[{r['speedup_low']:.2f}, {r['speedup_high']:.2f}] over {r['rounds']} paired rounds "
+      f"({r['verdict']})",
       f"held-out text ({e['source']}, {e['tokens']} tokens; calibrated on {c['source']}, "
       f"{c['tokens']} tokens):",
       f"  perplexity dense {r['ppl_dense']:.3f}, GSI {r['ppl']:.3f}, ratio {r['ppl_ratio']:.4f}",

@@ -9,9 +9,9 @@ fast path reads W_up stored transposed (O, d): its kept rows (`kept_dots`).  The
 down projection reads the rows where z ≠ 0 (`gsi_jax.peers.apply_cats` sets its
 input threshold to the smallest positive float, so the rows skipped are exactly
 those that would add 0).  Threshold 0 keeps every channel: the dense MLP.
-At one token on XLA, W_gate goes through the kept-rows kernel too, every row kept: an
-XLA dot between the kernel's calls left both slower than in dense's or sparsity's
-programs (`results/benchmarks/decode_dense_equivalents.json`).
+At one token on XLA, W_gate goes through the kept-rows kernel too, every row kept, so the
+MLP's three maps run through one kind of product (an XLA dot between the kernel's calls
+left both slower per byte in an earlier profile; RESULTS §11.5 has the current one).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@
 // its dot, so a kept-rows product there moves the kept bytes about three times.  This
 // handler streams each kept row once, eight rows per pass over y (which stays in L1), for
 // every map of a site in one call, on two threads when the product is large (each thread
-// whole rows: rows split by columns made short streams, 0.83 of the byte ideal at 3/4 of
-// 576x3072's rows kept against 0.95 split by rows, results/benchmarks/sparse_rows.json).
+// whole rows: split by columns, each read half rows, 0.80 of the byte ideal at 3/4 of
+// 576x3072's rows kept against 0.92 now; results/benchmarks/sparse_rows*.json).
 // Registered with XLA's FFI by gsi_jax/ops/cpu_kernels.py, which compiles it.
 #include <algorithm>
 #include <condition_variable>
