@@ -10,8 +10,9 @@ reports its weight bytes per token and the bandwidth they imply as a share of
 --peak_bandwidth_gb_s.  --profile also splits dense decode's time between
 matrix products, custom calls and everything else, with the op kinds that
 take most (per-op tracing is on for the whole run, so its timings carry the
-tracing's overhead), and traces each GSI point the same way; --kept_all adds sparsity with every row kept and
---cats_all CATS with every channel kept (each at dense's bytes, through the
+tracing's overhead) and the conditionals run per token with their own time, and
+traces each GSI point the same way; --kept_all adds sparsity with every row kept
+and --cats_all CATS with every channel kept (each at dense's bytes, through the
 kept-rows kernels), timed beside dense and profiled the same way.
 """
 

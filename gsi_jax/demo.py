@@ -22,7 +22,7 @@ from gsi_jax import benchmarking, cli, experiment, metrics
 from gsi_jax.errors import GSIError
 
 
-# Paired decode rounds, dense beside GSI: enough for an interval in a demo's time (~15 s).
+# Paired decode rounds, dense beside GSI: enough for an interval, few enough for a demo.
 TIMED_ROUNDS = 7
 
 

@@ -378,6 +378,23 @@ def test_demo_validates_before_compute(tmp_path):
     assert_one_error_line(proc, message)
 
 
+def test_demo_times_gsi_beside_dense_with_an_interval(tiny_folder, tmp_path):
+  folder, _ = tiny_folder("llama_gqa")
+  out = tmp_path / "demo.json"
+  proc = subprocess.run([sys.executable, "-m", "gsi_jax.demo", f"--model={folder}", "--k=8",
+                         "--eps=0.1", "--calib_tokens=256", "--eval_tokens=128", "--seq_len=32",
+                         "--max_new_tokens=4", "--prompt=abc", f"--bases_dir={tmp_path / 'b'}",
+                         f"--out={out}"], capture_output=True, text=True, cwd=ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  r = json.loads(out.read_text())
+  assert r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
+  assert r["rounds"] == 7 and r["verdict"] in ("faster", "slower", "within noise")
+  assert r["measured_speedup"] == pytest.approx(
+      r["gsi_tokens_per_s"] / r["dense_tokens_per_s"], rel=0.5)
+  assert f"over 7 paired rounds ({r['verdict']})" in proc.stdout
+
+
 def test_strict_json_never_writes_bare_infinity(tmp_path):
   from gsi_jax import experiment
   path = experiment.write_json(str(tmp_path / "x.json"), {"eps": math.inf, "v": [math.nan, 1.0]})

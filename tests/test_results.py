@@ -291,7 +291,7 @@ def test_dense_equivalents_profiled_beside_dense():
   assert round(gsi["profile"]["conditional_own_ms_per_token"], 1) == 0.6
 
 
-def test_every_row_kept_the_kernel_beats_dense_on_one_layers_maps():
+def test_every_row_kept_one_layers_maps_through_the_kernel():
   """RESULTS §11.4: with every row kept, one layer's seven maps (q, k, v, o, gate, up, down) take
   0.706 ms through the kernel against dense's 0.677; the mlp shapes lose (0.89-0.93x, intervals
   below 1), 576 x 576 wins (1.06x), 576 x 192 is within noise (1.16x [0.93, 1.24])."""
