@@ -65,25 +65,26 @@ clean:
 
 # The paper's tables for the default model (RESULTS.md sections 1-12): each script's JSON,
 # Markdown table and figure, the demo, results/pareto.json (every method, the larger part
-# of the time) and the notebook.  The first step calibrates the bases every later one
-# restores (k <= 384); the untimed steps then run two at a time, and the timed ones (the
-# demo's decode, calibration_cost, pareto) alone, so that nothing shares the cores they
-# are timed on.  It does not write the single pareto runs (pareto_rank, pareto_rsparse,
-# pareto_speed, pareto_paired: their commands are in RESULTS.md) or results/benchmarks/
-# (make benchmarks, make scale).
-# Cost on the 2-core EPYC (2026-12-04, each JSON's run.wall_s; partly beside other work):
-# quality_table 12 min, calibration (85 s) included; the eight untimed steps two at a time
-# 19 min (35 min one after another: negative_control 9.5, speedup_table 8.5, theorem4 5,
-# notebook 4, small-eps 4, fidelity 2.5, depth and storage 1); the demo 1.3 min.  Pareto,
-# not timed whole: each of its 79 records 30-45 s, 40-60 min, plus 10 learned allocations.
-# Its records carry their phases (build_s, phase_s): in results/pareto_speed.json, on a
-# slower day, held-out scoring 12-25 s, 4 greedy generations 6-8 s (19-30 s in a method's
-# first record, which compiles its decode), a paired decode round 3.4-5.8 s.  The whole,
-# last timed at about 1 h 30 min, is over an hour; pareto is what to cut.
-UNTIMED := small-eps speedup fidelity control depth storage theorem4 notebook
+# of the time) and the notebook.  The first step (storage_overhead) calibrates
+# the bases every later one restores (k <= 384); the untimed steps then run two at a time,
+# and the timed ones (the demo's decode, calibration_cost, pareto) alone, so that nothing
+# shares the cores they are timed on.  It does not write the single pareto runs
+# (pareto_rank, pareto_rsparse, pareto_speed: their commands are in RESULTS.md) or
+# results/benchmarks/ (make benchmarks, make scale), except make_results.json: the run's
+# wall time and each step's (benchmarks/results_cost.py).
+# Cost on a 2-core Intel Xeon (2026-12-05, make_results.json): 93.8 min in all.  Storage
+# with the calibration 1.2 min; the eight untimed steps two at a time 14.1 min (quality
+# 6.9, control 5.8, speedup 5.4, notebook 2.6, theorem4 2.6, small-eps 2.4, fidelity 2.0,
+# depth 0.3, each its process's wall); the demo 1.4; calibration_cost 2.4; pareto 74.4, of
+# which building its points 30.0 (the learned allocations 20.2),
+# greedy generations 14.9, timed decode (3 paired rounds a record) 17.6, held-out scoring
+# 11.1 (its records' phase_s, build_s).  Pareto's builds and timing are what to cut.
+# Longest first, so that the two lanes end close together.
+UNTIMED := quality control speedup theorem4 notebook small-eps fidelity depth
 .PHONY: $(UNTIMED:%=results-%)
 results: $(STAMP)
-	$(PY) experiments/quality_table.py --mode gated,static
+	date +%s > .results_started
+	$(PY) experiments/storage_overhead.py
 	$(MAKE) -j2 $(UNTIMED:%=results-%)
 	$(PY) -m gsi_jax.demo --out results/demo.json
 	$(PY) experiments/calibration_cost.py --k 256
@@ -92,7 +93,11 @@ results: $(STAMP)
 	  --rsparse_ranks 8,32 --rsparse_sparsity 0.4,0.5 --rsparse_recipe_sparsity 0.5 \
 	  --rsparse_alpha 0.9,1.0 --learned_residual_k 16 --learned_rank_max 64 \
 	  --cats_sparsity 0,0.2,0.3,0.4,0.5
+	$(PY) benchmarks/results_cost.py --started $$(cat .results_started) \
+	  --out results/benchmarks/make_results.json
 
+results-quality:
+	$(PY) experiments/quality_table.py --mode gated,static
 results-small-eps:
 	$(PY) experiments/quality_table.py --k 384 --eps 0.01,0.02,0.03 --out results/quality_table_small_eps.json
 results-speedup:
@@ -103,8 +108,6 @@ results-control:
 	$(PY) experiments/negative_control.py --k 128,256 --eps 0.05,0.1
 results-depth:
 	$(PY) experiments/depth_coherence.py --k 64,256
-results-storage:
-	$(PY) experiments/storage_overhead.py
 results-theorem4:
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
 results-notebook: notebook

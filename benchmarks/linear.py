@@ -6,7 +6,8 @@
 A real model's layers each have their own (V_k, M, W), so a decode step never
 finds them in cache.  The benchmark cycles through --copies distinct triples
 (default: enough that the copies' V_k and M alone exceed 4× the last-level
-cache, and always at least 2), token t using copy t mod copies, in a jitted
+cache, at most what fits in a third of the free memory, and always at least 2;
+`v_and_m_over_cache` records how far they cover the cache), token t using copy t mod copies, in a jitted
 scan; dense cycles through the same W copies in the same process.  Tokens are
 drawn so that a chosen share lies in span(V_k) (fast) and the rest does not.
 Dense and GSI scans alternate in --repeats paired rounds: measured_speedup is the
@@ -14,6 +15,7 @@ median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.benchmar
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
+import itertools
 import logging
 import math
 
@@ -23,8 +25,8 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, scan_over_copies,
-                                  timed_pair)
+from gsi_jax.benchmarking import (available_memory_bytes, interval_fields, last_level_cache_bytes,
+                                  scan_over_copies, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.metrics.bytes import gated_map_elements
 from gsi_jax.ops import GatedWeights, gated_linear, make_gate
@@ -74,6 +76,27 @@ def tokens(rng, Vs, n, share):
   return x, float(fast_NC.mean())
 
 
+def copies_plan(dims, itemsize: int, llc: int, available: int, copies: int = 0) -> dict:
+  """{(d, O, k): copies}: `copies` (--copies), or enough that V and M alone exceed 4x the cache; at
+  most what fits in a third of the free memory (two sets of copies are alive while the
+  next shape's are made).  Checked for every shape before any is built."""
+  plan = {}
+  for d, d_out, k in itertools.product(*dims):
+    per_copy = (d * k + k * d_out) * itemsize
+    fits = available // (3 * (per_copy + d * d_out * itemsize))
+    if copies > fits or fits < 2:
+      raise GSIError(f"--copies: {max(copies, 2)} copies at d={d}, O={d_out}, k={k} need "
+                     f"more than a third of the {available / 2**30:.1f} GiB free; pass --copies "
+                     f"<= {fits} or smaller shapes")
+    cold = max(2, math.ceil(4 * llc / per_copy))
+    plan[d, d_out, k] = copies or min(cold, fits)
+    if plan[d, d_out, k] < cold and not copies:
+      logging.warning("d=%d O=%d k=%d: %d copies fit in memory, %d would exceed 4x the %.0f MB "
+                      "cache; V and M cover %.1fx of it (v_and_m_over_cache)", d, d_out, k,
+                      fits, cold, llc / 1e6, fits * per_copy / llc)
+  return plan
+
+
 def main(argv):
   del argv
   dtype = jnp.dtype(_DTYPE.value)
@@ -90,6 +113,7 @@ def main(argv):
     raise GSIError(f"--copies must be >= 0, got {_COPIES.value}")
   out = experiment.check_output_path(_OUT.value)
   llc = last_level_cache_bytes()
+  plan = copies_plan(dims, dtype.itemsize, llc, available_memory_bytes(), _COPIES.value)
   records = []
   rng = np.random.default_rng(0)
   key = jax.random.key(0)
@@ -97,7 +121,7 @@ def main(argv):
     for d_out in dims[1]:
       for k in dims[2]:
         per_copy = (d * k + k * d_out) * dtype.itemsize
-        C = _COPIES.value or max(2, math.ceil(4 * llc / per_copy))
+        C = plan[d, d_out, k]
         n = max(1, _TOKENS.value // C)  # groups of C tokens
         logging.info("d=%d O=%d k=%d: %d copies (%.0f MB of V and M, %.0f MB of W)", d, d_out,
                      k, C, C * per_copy / 1e6, C * d * d_out * dtype.itemsize / 1e6)
@@ -122,6 +146,7 @@ def main(argv):
           ideal = dense_bytes / gsi_bytes
           rec = {"d": d, "d_out": d_out, "k": k, "fast_share": f, "dtype": _DTYPE.value,
                  "impl": _IMPL.value, "copies": C, "tokens": n * C,
+                 "v_and_m_over_cache": C * per_copy / llc,
                  "dense_ms": dense_ms, "gsi_ms": gsi_ms,
                  "measured_speedup": pair["ratio"], **interval_fields(pair),
                  "ideal_speedup": ideal, "of_ideal": pair["ratio"] / ideal,

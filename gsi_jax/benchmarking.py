@@ -127,6 +127,19 @@ def last_level_cache_bytes() -> int:
   return max(sizes, default=32 * 2**20)
 
 
+def available_memory_bytes() -> int:
+  """Memory the kernel says can be had without swapping (MemAvailable; all of it when
+  unknown): cache-cold copies sized from a large cache must still fit in it."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 2**10
+  except OSError:
+    pass
+  return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def scan_over_copies(step, x_NCD, copies):
   """Token n*C + c goes through copy c: a scan over groups of C tokens, unrolled over copies
   (each copy is its own array, so no step slices or copies a weight)."""

@@ -1,7 +1,9 @@
 """How benchmarks time: compile apart, then paired rounds that alternate the runs, and the
 median of their ratios with a bootstrap interval."""
 
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,6 +104,32 @@ def test_benchmarks_time_in_paired_rounds_with_an_interval(tmp_path, script, arg
     assert r["rounds"] == 5 and r["dense_spread"] >= 1
     assert r["verdict"] in ("faster", "slower", "within noise")
     assert r["of_ideal"] == pytest.approx(r["measured_speedup"] / r["ideal_speedup"])
+
+
+def test_linear_refuses_copies_that_do_not_fit_in_memory(tmp_path):
+  """Copies sized from a large cache (or asked for) must fit in free memory: an error line,
+  before any copy is built."""
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "linear.py"),
+                         "--d=4096", "--d_out=16384", "--k=128", "--copies=100000",
+                         f"--out={tmp_path / 'out.json'}"], capture_output=True, text=True,
+                        cwd=ROOT, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  (line,) = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert "--copies: 100000 copies at d=4096, O=16384, k=128 need more than a third" in line
+  assert not (tmp_path / "out.json").exists()
+
+
+def test_copies_stop_at_a_third_of_free_memory():
+  """A 503 MB cache asks for 480 copies of a 4096 x 4096 map at k = 128; 24 GiB free holds
+  a third's worth, about 120."""
+  linear = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
+      "linear_benchmark", os.path.join(ROOT, "benchmarks", "linear.py")))
+  linear.__spec__.loader.exec_module(linear)
+  plan = linear.copies_plan([[4096], [4096], [128]], 4, 503316480, 24 * 2**30)
+  per_copy = (2 * 4096 * 128 + 4096 * 4096) * 4
+  assert plan == {(4096, 4096, 128): 24 * 2**30 // (3 * per_copy)}
+  small = linear.copies_plan([[64], [96], [16]], 4, 32 * 2**20, 24 * 2**30)
+  assert small == {(64, 96, 16): math.ceil(4 * 32 * 2**20 / ((64 * 16 + 16 * 96) * 4))}
 
 
 def test_conditionals_own_time_is_their_span_less_their_ops():

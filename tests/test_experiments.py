@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -406,3 +407,33 @@ def test_strict_json_never_writes_bare_infinity(tmp_path):
   # Every result names its machine and how long its process had run when it was written.
   assert 0 < run["wall_s"] < 24 * 3600 and run["cpus"] == os.cpu_count()
   assert run["cpu"] and run["backend"] == "cpu" and run["jax"] == jax.__version__
+
+
+def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
+  """benchmarks/results_cost.py: the run's wall time, and each JSON written since it started
+  with the wall time that JSON records; older JSON is left out."""
+  results = tmp_path / "results"
+  results.mkdir()
+  started = time.time() - 100
+  (results / "old.json").write_text(json.dumps({"run": {"wall_s": 5.0}}))
+  os.utime(results / "old.json", (started - 10, started - 10))
+  (results / "new.json").write_text(json.dumps({"records": [], "run": {"wall_s": 42.0}}))
+  out = tmp_path / "cost.json"
+  proc = run_script([f"--started={started}", f"--results_dir={results}", f"--out={out}"],
+                    script="results_cost.py", folder="benchmarks")
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  cost = json.loads(out.read_text())
+  assert [(r["json"], r["wall_s"]) for r in cost["records"]] == [("new.json", 42.0)]
+  assert 0 < cost["records"][0]["written_after_s"] <= cost["wall_s"]
+  assert 100 <= cost["wall_s"] < 400 and cost["wall_min"] == pytest.approx(cost["wall_s"] / 60)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--started must be a past epoch second"),
+    (["--started=4102444800"], "--started must be a past epoch second"),
+    (["--started=1", "--results_dir=/nonexistent"], "--results_dir /nonexistent is not a directory"),
+    (["--started=1", "--results_dir=tests"], "no JSON under tests was written since --started"),
+])
+def test_results_cost_bad_flags_exit_2(args, message):
+  assert_one_error_line(run_script(args + ["--out=/tmp/unused.json"], script="results_cost.py",
+                                   folder="benchmarks"), message)
