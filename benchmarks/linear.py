@@ -7,9 +7,10 @@ A real model's layers each have their own (V_k, M, W), so a decode step never
 finds them in cache.  The benchmark cycles through --copies distinct triples
 (default: enough that the copies' V_k and M alone exceed 4× the last-level
 cache, at most what fits in a third of the free memory, and always at least 2;
-`v_and_m_over_cache` records how far they cover the cache), token t using copy t mod copies, in a jitted
-scan; dense cycles through the same W copies in the same process.  Tokens are
-drawn so that a chosen share lies in span(V_k) (fast) and the rest does not.
+`v_and_m_over_cache` records how far they cover the cache), token t using copy
+t mod copies, in a jitted scan; dense cycles through the same W copies in the
+same process.  Tokens are drawn so that a chosen share lies in span(V_k) (fast)
+and the rest does not.
 Dense and GSI scans alternate in --repeats paired rounds: measured_speedup is the
 median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.benchmarking`).
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
@@ -77,8 +78,8 @@ def tokens(rng, Vs, n, share):
 
 
 def copies_plan(dims, itemsize: int, llc: int, available: int, copies: int = 0) -> dict:
-  """{(d, O, k): copies}: `copies` (--copies), or enough that V and M alone exceed 4x the cache; at
-  most what fits in a third of the free memory (two sets of copies are alive while the
+  """{(d, O, k): copies}: `copies` (--copies), or enough that V and M alone exceed 4x the
+  cache, at most what fits in a third of the free memory (two sets of copies are alive while the
   next shape's are made).  Checked for every shape before any is built."""
   plan = {}
   for d, d_out, k in itertools.product(*dims):

@@ -431,7 +431,8 @@ def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
 @pytest.mark.parametrize("args, message", [
     ([], "--started must be a past epoch second"),
     (["--started=4102444800"], "--started must be a past epoch second"),
-    (["--started=1", "--results_dir=/nonexistent"], "--results_dir /nonexistent is not a directory"),
+    (["--started=1", "--results_dir=/nonexistent"],
+     "--results_dir /nonexistent is not a directory"),
     (["--started=1", "--results_dir=tests"], "no JSON under tests was written since --started"),
 ])
 def test_results_cost_bad_flags_exit_2(args, message):
