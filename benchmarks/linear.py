@@ -16,9 +16,7 @@ median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.benchmar
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
-import itertools
 import logging
-import math
 
 import jax
 import jax.numpy as jnp
@@ -26,8 +24,8 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (available_memory_bytes, interval_fields, last_level_cache_bytes,
-                                  scan_over_copies, timed_pair)
+from gsi_jax.benchmarking import (available_memory_bytes, copies_plan, interval_fields,
+                                  last_level_cache_bytes, scan_over_copies, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.metrics.bytes import gated_map_elements
 from gsi_jax.ops import GatedWeights, gated_linear, make_gate
@@ -75,27 +73,6 @@ def tokens(rng, Vs, n, share):
     rows = fast_NC[:, c]
     x[rows, c] = rng.normal(size=(rows.sum(), k)) @ V.T + 1e-3 * rng.normal(size=(rows.sum(), d))
   return x, float(fast_NC.mean())
-
-
-def copies_plan(dims, itemsize: int, llc: int, available: int, copies: int = 0) -> dict:
-  """{(d, O, k): copies}: `copies` (--copies), or enough that V and M alone exceed 4x the
-  cache, at most what fits in a third of the free memory (two sets of copies are alive while the
-  next shape's are made).  Checked for every shape before any is built."""
-  plan = {}
-  for d, d_out, k in itertools.product(*dims):
-    per_copy = (d * k + k * d_out) * itemsize
-    fits = available // (3 * (per_copy + d * d_out * itemsize))
-    if copies > fits or fits < 2:
-      raise GSIError(f"--copies: {max(copies, 2)} copies at d={d}, O={d_out}, k={k} need "
-                     f"more than a third of the {available / 2**30:.1f} GiB free; pass --copies "
-                     f"<= {fits} or smaller shapes")
-    cold = max(2, math.ceil(4 * llc / per_copy))
-    plan[d, d_out, k] = copies or min(cold, fits)
-    if plan[d, d_out, k] < cold and not copies:
-      logging.warning("d=%d O=%d k=%d: %d copies fit in memory, %d would exceed 4x the %.0f MB "
-                      "cache; V and M cover %.1fx of it (v_and_m_over_cache)", d, d_out, k,
-                      fits, cold, llc / 1e6, fits * per_copy / llc)
-  return plan
 
 
 def main(argv):

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
+import logging
+import math
 import os
 import resource
 import tempfile
@@ -138,6 +141,28 @@ def available_memory_bytes() -> int:
   except OSError:
     pass
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def copies_plan(dims, itemsize: int, llc: int, available: int, copies: int = 0) -> dict:
+  """{(d, O, k): copies of a gated map's (V_k, M, W)} over dims = (ds, Os, ks): `copies`
+  (the caller's --copies), or enough that V and M alone exceed 4x the cache; at most what
+  fits in a third of the free memory (two sets of copies are alive while the next shape's
+  are made).  Checked for every shape before any is built."""
+  plan = {}
+  for d, d_out, k in itertools.product(*dims):
+    per_copy = (d * k + k * d_out) * itemsize
+    fits = available // (3 * (per_copy + d * d_out * itemsize))
+    if copies > fits or fits < 2:
+      raise GSIError(f"--copies: {max(copies, 2)} copies at d={d}, O={d_out}, k={k} need "
+                     f"more than a third of the {available / 2**30:.1f} GiB free; pass --copies "
+                     f"<= {fits} or smaller shapes")
+    cold = max(2, math.ceil(4 * llc / per_copy))
+    plan[d, d_out, k] = copies or min(cold, fits)
+    if plan[d, d_out, k] < cold and not copies:
+      logging.warning("d=%d O=%d k=%d: %d copies fit in memory, %d would exceed 4x the %.0f MB "
+                      "cache; V and M cover %.1fx of it (v_and_m_over_cache)", d, d_out, k,
+                      fits, cold, llc / 1e6, fits * per_copy / llc)
+  return plan
 
 
 def scan_over_copies(step, x_NCD, copies):

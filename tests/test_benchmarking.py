@@ -1,7 +1,6 @@
 """How benchmarks time: compile apart, then paired rounds that alternate the runs, and the
 median of their ratios with a bootstrap interval."""
 
-import importlib.util
 import json
 import math
 import os
@@ -122,13 +121,10 @@ def test_linear_refuses_copies_that_do_not_fit_in_memory(tmp_path):
 def test_copies_stop_at_a_third_of_free_memory():
   """A 503 MB cache asks for 480 copies of a 4096 x 4096 map at k = 128; 24 GiB free holds
   a third's worth, about 120."""
-  linear = importlib.util.module_from_spec(importlib.util.spec_from_file_location(
-      "linear_benchmark", os.path.join(ROOT, "benchmarks", "linear.py")))
-  linear.__spec__.loader.exec_module(linear)
-  plan = linear.copies_plan([[4096], [4096], [128]], 4, 503316480, 24 * 2**30)
+  plan = benchmarking.copies_plan([[4096], [4096], [128]], 4, 503316480, 24 * 2**30)
   per_copy = (2 * 4096 * 128 + 4096 * 4096) * 4
   assert plan == {(4096, 4096, 128): 24 * 2**30 // (3 * per_copy)}
-  small = linear.copies_plan([[64], [96], [16]], 4, 32 * 2**20, 24 * 2**30)
+  small = benchmarking.copies_plan([[64], [96], [16]], 4, 32 * 2**20, 24 * 2**30)
   assert small == {(64, 96, 16): math.ceil(4 * 32 * 2**20 / ((64 * 16 + 16 * 96) * 4))}
 
 
