@@ -135,7 +135,10 @@ def test_scale_on_two_processes_writes_what_one_writes(tmp_path):
   assert len(two["load_peak_rss_gb_per_process"]) == 2
   assert set(two["energy_loss_vs_eigh"]) == {"cascade", "krylov"}
   # LOBPCG's iteration count may move by one with the Gram's rounding; its energy does not.
-  assert_same_records(one, two, {"lobpcg_iterations": None})
+  # The gated point's eps is the median rho under krylov bases solved from a Gram summed
+  # in another order: on an Intel Xeon it moved by 1.8e-5 relative (its fast share, which
+  # that eps sets, did not).
+  assert_same_records(one, two, {"lobpcg_iterations": None, "eps": 1e-4})
 
 
 @pytest.mark.parametrize("script", ["linear", "sparse_rows", "decode", "memory_plan"])
