@@ -8,8 +8,9 @@ A method's knobs are flags (--sparsity, --residual_k, ...: `--helpfull` lists th
 knob given for a method this run does not evaluate is refused, naming its methods.  Each
 point is scored on the held-out text, its greedy generations compared with dense, its
 weight bytes per token counted (LM head and embeddings included), and its batch-1 decode
-timed in paired rounds with dense decode (measured_speedup: the median of the per-round
-ratios; speedup_low and speedup_high: its bootstrap 95% interval).  With --learned the learned
+timed in alternating rounds with dense decode, one dense decode a round beside each of its
+method's points (measured_speedup: the median of the per-round ratios; speedup_low and
+speedup_high: its bootstrap 95% interval).  With --learned the learned
 allocations run beside their uniform methods; they and the searched one keep the
 uniform allocation where they score worse on calibration text (fallback).
 """
@@ -130,10 +131,14 @@ def pareto(c: ParetoConfig):
     method = methods.REGISTRY[name]
     if not method.runs_on(c.grid, s.model.config):
       continue
+    mine, trees = [], []
     for build_s, point in timed_points(method.points(ctx)):
-      records.append(ev.record(name, point.knob, point.params, point.gate,
-                               method.bytes_of(point), shares=point.shares, build_s=build_s,
-                               **point.extra))
+      mine.append(ev.record(name, point.knob, point.params, point.gate,
+                            method.bytes_of(point), shares=point.shares, build_s=build_s,
+                            **point.extra))
+      trees.append((point.params, point.gate))
+    ev.time_beside_dense(mine, trees)
+    records += mine
     release_executables()
   matched_uniform(records, uniform_of())
   beside = [r["dense_tokens_per_s"] for r in records if "dense_tokens_per_s" in r]

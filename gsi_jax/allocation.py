@@ -163,9 +163,14 @@ def check_knobs(params, init: dict):
 
 
 def learn_allocation(model, params, init: dict, windows_NT: np.ndarray,
-                     config: AllocationConfig, progress: bool = True):
+                     config: AllocationConfig, progress: bool = True,
+                     dense_logp_cache: dict | None = None):
   """Learned {knob: {layer: {site: value}}}, starting from `init` (same structure), and
   the history of (step, loss, KL, expected bytes fraction).
+
+  dense_logp_cache: dense log-probs by the windows a step draws, kept across calls on the
+  same windows_NT and config (the seed draws the same batches each time), so that a sweep
+  of allocations runs the dense model once per batch.
 
   init holds one knob of KNOBS, and for P.RESIDUAL_THRESHOLD optionally RANK too (learned
   jointly).  params must already carry what the knob gates: V_k and M for P.EPS and
@@ -180,8 +185,13 @@ def learn_allocation(model, params, init: dict, windows_NT: np.ndarray,
   state = optimizer.init(log_values)
   history, t0 = [], time.perf_counter()
   for step in range(config.steps):
-    ids = jnp.asarray(windows[rng.choice(len(windows), config.batch_windows, replace=False)])
-    dense_logp = jax.nn.log_softmax(model.logits(P.dense_params(params), ids), -1)
+    rows = rng.choice(len(windows), config.batch_windows, replace=False)
+    ids = jnp.asarray(windows[rows])
+    cache = {} if dense_logp_cache is None else dense_logp_cache
+    key = (config.seq_len, tuple(int(r) for r in rows))
+    if key not in cache:
+      cache[key] = jax.nn.log_softmax(model.logits(P.dense_params(params), ids), -1)
+    dense_logp = cache[key]
     (loss, (kl, fraction)), grads = _loss_and_grad(
         model.module, params, log_values, ids, dense_logp, config.lam, config.budget,
         dense_bytes)

@@ -103,11 +103,27 @@ def decode_beside(model, ids, n: int, rounds: int, params, gate, base_params, ba
   """params' greedy decode of n tokens beside the base's (dense, say) in paired rounds:
   the median tokens/s of each, params' compile time, and its speed over the base (the
   median of the per-round ratios) with a 95% interval (`interval_fields`)."""
-  pair = timed_pair(_decode(model, base_params, ids, n, base_gate),
-                    _decode(model, params, ids, n, gate), rounds)
-  return {"tokens_per_s": n / pair["other_s"], "dense_tokens_per_s": n / pair["base_s"],
-          "measured_speedup": pair["ratio"], **interval_fields(pair),
-          "compile_s": pair["other_compile_s"]}
+  return decode_beside_each(model, ids, n, rounds, [(params, gate)], base_params, base_gate)[0]
+
+
+def decode_beside_each(model, ids, n: int, rounds: int, trees_and_gates, base_params,
+                       base_gate=None) -> list[dict]:
+  """`decode_beside`'s fields for each (params, gate), all timed in the same rounds: the
+  base once a round, then each tree in turn.  One base decode a round serves them all,
+  and each ratio is still taken within its round."""
+  fns = [_decode(model, base_params, ids, n, base_gate)]
+  fns += [_decode(model, params, ids, n, gate) for params, gate in trees_and_gates]
+  times, compile_s = alternating_rounds(fns, rounds)
+  base_s = np.array([t[0] for t in times])
+  out = []
+  for i in range(1, len(fns)):
+    other_s = np.array([t[i] for t in times])
+    pair = ratio_interval(base_s, other_s)
+    out.append({"tokens_per_s": n / float(np.median(other_s)),
+                "dense_tokens_per_s": n / float(np.median(base_s)),
+                "measured_speedup": pair["ratio"], **interval_fields(pair),
+                "compile_s": compile_s[i]})
+  return out
 
 
 def _seconds(fn) -> float:

@@ -145,6 +145,22 @@ def test_learning_ranks_with_the_residual_threshold(llama):
   assert np.mean(moved(learned[P.RESIDUAL_THRESHOLD], t) > 1e-4) > 0.5
 
 
+def test_a_dense_log_prob_cache_learns_the_same_values(llama):
+  """Allocations learned one after another on the same windows share the dense model's
+  log-probs: one entry a batch drawn, and the values learned without it, bit for bit."""
+  model, gsi = llama
+  t = allocation.floored(peers.sparsity_thresholds(model, gsi, CALIB, 0.5))
+  init = {P.RESIDUAL_THRESHOLD: t}
+  config = allocation.AllocationConfig(budget=0.4, steps=3, batch_windows=2, seq_len=16)
+  alone, _ = allocation.learn_allocation(model, gsi, init, CALIB, config, progress=False)
+  cache = {}
+  for _ in range(2):
+    shared, _ = allocation.learn_allocation(model, gsi, init, CALIB, config, progress=False,
+                                            dense_logp_cache=cache)
+    assert shared == alone
+  assert 1 <= len(cache) <= 3 and all(key[0] == 16 for key in cache)
+
+
 def test_scale_to_budget_meets_the_target():
   values = {"layer_0": {"attn_in": 1.0, "mlp_in": 4.0}}
   cost = lambda v: 1.0 / (1.0 + v["layer_0"]["attn_in"] + v["layer_0"]["mlp_in"])

@@ -38,6 +38,17 @@ def test_decode_beside_compiles_each_first_then_alternates_each_round():
   assert timed["rounds"] == 3 and timed["compile_s"] >= 0 and timed["dense_spread"] >= 1
 
 
+def test_decode_beside_each_times_one_base_decode_a_round_beside_every_tree():
+  model = Recorder()
+  timed = benchmarking.decode_beside_each(model, None, 5, 2, [("a", "ga"), ("b", None)],
+                                          "dense")
+  assert [params for params, *_ in model.calls] == ["dense", "a", "b"] * 3
+  assert [t["rounds"] for t in timed] == [2, 2] and len(timed) == 2
+  assert all(t["speedup_low"] <= t["measured_speedup"] <= t["speedup_high"] for t in timed)
+  # Both ratios are taken against the same dense rounds.
+  assert timed[0]["dense_tokens_per_s"] == timed[1]["dense_tokens_per_s"]
+
+
 def test_one_run_decodes_once_to_compile_and_repeats_times():
   model = Recorder()
   tps, compile_s = benchmarking.decode_tokens_per_s(model, "dense", None, 5, 2)

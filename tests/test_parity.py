@@ -87,6 +87,27 @@ def test_greedy_stops_at_eos_like_hf(tiny_folder, name):
   assert got.shape[1] <= free.shape[1]
 
 
+def test_generate_until_differs_stops_at_the_first_other_token(tiny_folder):
+  """A reference decode's own tokens run to the end; one changed token stops each row
+  there, keeping the model's token, so the two outputs are equal exactly when the full
+  decodes are."""
+  from gsi_jax import GSIError
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  prompt = IDS[:1, :5]
+  free = np.asarray(model.generate(model.params, prompt, 10, stop_at_eos=False))
+  same = np.asarray(model.generate(model.params, prompt, 10, stop_at_eos=False,
+                                   until_differs=free[:, 5:]))
+  np.testing.assert_array_equal(same, free)
+  for step in (0, 4):
+    other = free[:, 5:].copy()
+    other[0, step] = (other[0, step] + 1) % model.config.vocab_size
+    stopped = np.asarray(model.generate(model.params, prompt, 10, stop_at_eos=False,
+                                        until_differs=other))
+    np.testing.assert_array_equal(stopped, free[:, :5 + step + 1])
+  with pytest.raises(GSIError, match="until_differs takes"):
+    model.generate(model.params, prompt, 10, until_differs=free[0])
+
+
 def test_generate_refuses_past_the_position_table(tiny_folder):
   model = gsi_jax.load_model(tiny_folder("gpt2")[0])  # 64 learned positions
   from gsi_jax import GSIError

@@ -19,7 +19,7 @@ class Context:
   def __init__(self, evaluator, experiment, grid: Mapping[str, Any],
                runs: Callable[[str], bool]):
     self.evaluator, self.experiment, self.grid, self.runs = evaluator, experiment, grid, runs
-    self.model, self.base = evaluator.model, evaluator.base
+    self.model, self.base, self.dense_bytes = evaluator.model, evaluator.base, evaluator.dense_bytes
     self.bases, self.calib_ids = evaluator.s.bases, evaluator.s.calib.ids
     self._shared: dict[Hashable, Any] = {}
 
@@ -44,6 +44,9 @@ class Context:
   def gsi(self, k: int, **kwargs):
     """The base tree rewritten by apply_gsi at rank k (cheap: not kept)."""
     return gsi_jax.apply_gsi(self.base, self.bases, k, **kwargs)
+
+  def calib_scores(self, params, gate) -> dict:
+    return self.evaluator.calib_scores(params, gate)
 
   def calib_nll(self, params, gate) -> float:
     return self.evaluator.calib_nll(params, gate)

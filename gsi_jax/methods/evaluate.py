@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from gsi_jax import distributed, metrics, sharding
-from gsi_jax.benchmarking import decode_beside, decode_tokens_per_s
+from gsi_jax.benchmarking import decode_beside_each, decode_tokens_per_s
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.ops import make_gate
 
@@ -57,10 +57,13 @@ class Evaluator:
     """params on the mesh, as the model's own are (unchanged on one device)."""
     return params if self.mesh is None else sharding.shard_params(params, self.mesh)
 
-  def _generate(self, params, prompt, gate=None):
+  def _generate(self, params, prompt, gate=None, until_differs=None):
+    ids = self.model.encode(prompt)[None]
+    if until_differs is not None:
+      until_differs = until_differs[:, ids.shape[1]:]
     return distributed.host_copy(self.model.generate(
-        self.placed(params), self.model.encode(prompt)[None], self.s.config.max_new_tokens,
-        gate))
+        self.placed(params), ids, self.s.config.max_new_tokens, gate,
+        until_differs=until_differs))
 
   def _timed_ids(self):
     return self.model.encode(self.s.config.prompts[0])[None]
@@ -72,55 +75,64 @@ class Evaluator:
     return decode_tokens_per_s(self.model, self.placed(params), self._timed_ids(),
                                self.s.config.max_new_tokens, self.speed_repeats, gate)
 
-  def beside_dense(self, params, gate) -> dict:
-    """params' decode timed in paired rounds with dense decode (a drift of the machine's
-    speed then cancels in their per-round ratios): `benchmarking.decode_beside`'s
-    fields; {} without timing."""
-    if not self.speed_repeats:
-      return {}
-    return decode_beside(self.model, self._timed_ids(), self.s.config.max_new_tokens,
-                         self.speed_repeats, self.placed(params), gate, self.model.params)
+  def time_beside_dense(self, records, trees) -> None:
+    """Each record gains its tree's batch-1 decode timed in alternating rounds with dense
+    decode (a drift of the machine's speed then cancels in their per-round ratios): the
+    fields of `benchmarking.decode_beside_each`, for one method's trees ((params, gate)
+    each) at once, so that one dense decode a round serves them all.  Its phase_s
+    "timed_decode" is its share of those rounds.  Nothing without timing."""
+    if not self.speed_repeats or not records:
+      return
+    start = time.perf_counter()
+    timed = decode_beside_each(self.model, self._timed_ids(), self.s.config.max_new_tokens,
+                               self.speed_repeats,
+                               [(self.placed(p), batch1(g)) for p, g in trees],
+                               self.model.params)
+    share = (time.perf_counter() - start) / len(records)
+    for rec, t in zip(records, timed):
+      rec.update(t)
+      rec["phase_s"]["timed_decode"] = share
+      logging.info("%s %s: %.1f tokens/s (dense beside it %.1f), %.2fx [%.2f, %.2f]",
+                   rec["method"], rec["knob"], t["tokens_per_s"], t["dense_tokens_per_s"],
+                   t["measured_speedup"], t["speedup_low"], t["speedup_high"])
 
-  def calib_nll(self, params, gate, windows: int = 8) -> float:
-    """Mean next-token NLL on the first calibration windows (where budgets are set)."""
-    return float(metrics.score(self.model, self.placed(params), self.s.calib.ids[:windows],
-                               gate)["nll"].mean())
+  def calib_scores(self, params, gate, windows: int = 8) -> dict:
+    """`metrics.score` on the first calibration windows, where budgets are set (never on
+    held-out text)."""
+    return metrics.score(self.model, self.placed(params), self.s.calib.ids[:windows], gate)
 
-  def calib_bytes_fraction(self, params, gate, bytes_of, windows: int = 8) -> float:
-    """Bytes per token / dense on the first calibration windows (the learned budgets'
-    scale is set here, never on held-out text)."""
-    scores = metrics.score(self.model, self.placed(params), self.s.calib.ids[:windows], gate)
-    return bytes_of(scores) / self.dense_bytes
+  def calib_nll(self, params, gate) -> float:
+    """Mean next-token NLL on the first calibration windows."""
+    return float(self.calib_scores(params, gate)["nll"].mean())
+
+  def calib_bytes_fraction(self, params, gate, bytes_of) -> float:
+    """Bytes per token / dense on the first calibration windows."""
+    return bytes_of(self.calib_scores(params, gate)) / self.dense_bytes
 
   def record(self, method, knob, params, gate, bytes_of, shares=False, **extra):
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text).
-    `phase_s`: the seconds each phase took (scoring, generations, timed decode; compiling
-    included), which is where a sweep's time goes."""
+    `phase_s`: the seconds each phase took (scoring, generations; compiling included),
+    which is where a sweep's time goes; `time_beside_dense` adds the timed decode."""
     start = time.perf_counter()
     params = self.placed(params)  # once: placing a placed tree again moves nothing
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
     scored = time.perf_counter()
-    same = sum(np.array_equal(g, self._generate(params, p, batch1(gate)))
+    # Each generation stops at its first token that is not dense's: whether the two are
+    # the same is all a record keeps.
+    same = sum(np.array_equal(g, self._generate(params, p, batch1(gate), until_differs=g))
                for p, g in self.dense_gen.items())
-    generated = time.perf_counter()
-    timed = self.beside_dense(params, batch1(gate))
-    phase_s = {"score": scored - start, "generations": generated - scored,
-               "timed_decode": time.perf_counter() - generated}
     rec = {"method": method, "knob": knob, "bytes_per_token": bytes_per_token,
            "bytes_fraction": bytes_per_token / self.dense_bytes, "ppl_ratio": q["ppl_ratio"],
            "top1_agreement": q["top1_agreement"], "fast_share": q["fast_share"],
            "head_fast_share": scores["head_fast_share"],
-           "generations_identical": int(same), "prompts": len(self.dense_gen)}
-    rec.update(timed, phase_s=phase_s)
+           "generations_identical": int(same), "prompts": len(self.dense_gen),
+           "phase_s": {"score": scored - start, "generations": time.perf_counter() - scored}}
     if shares:
       rec.update(fast_share_by_layer=scores["fast_share_by_layer"],
                  kept_share_by_layer=scores["kept_share_by_layer"])
     rec.update(extra)
-    logging.info("%s %s: bytes %.3f, ppl ratio %.4f%s", method, knob, rec["bytes_fraction"],
-                 q["ppl_ratio"], "" if not timed else
-                 f", {timed['tokens_per_s']:.1f} tokens/s (dense beside it "
-                 f"{timed['dense_tokens_per_s']:.1f}), {timed['measured_speedup']:.2f}x "
-                 f"[{timed['speedup_low']:.2f}, {timed['speedup_high']:.2f}]")
+    logging.info("%s %s: bytes %.3f, ppl ratio %.4f", method, knob, rec["bytes_fraction"],
+                 q["ppl_ratio"])
     return rec

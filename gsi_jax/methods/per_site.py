@@ -9,6 +9,7 @@ beside its recipe in `rsparse.py`."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import Any, Callable
 
@@ -30,10 +31,10 @@ class Space:
 
 
 def with_fallback(ctx, name, knob, space: Space, found: dict, nll_uniform: float | None,
-                  label: str) -> tuple[dict, dict]:
+                  label: str, nll_found: float | None = None) -> tuple[dict, dict]:
   """(chosen values, record fields): found unless its calibration NLL is above the
-  uniform allocation's, then the uniform one."""
-  nll = ctx.calib_nll(space.rebuild(found), space.gate)
+  uniform allocation's, then the uniform one.  NLLs not given are scored here."""
+  nll = ctx.calib_nll(space.rebuild(found), space.gate) if nll_found is None else nll_found
   if nll_uniform is None:
     nll_uniform = ctx.calib_nll(space.rebuild(space.init), space.gate)
   fallback = nll > nll_uniform
@@ -48,16 +49,27 @@ def learned_point(ctx, name: str, knob: str, space: Space) -> Point:
   """Learn the space's knobs per site at the uniform allocation's bytes on calibration
   text, scale the knob (not RANK) back to those bytes, and keep it unless it falls back."""
   key = next(k for k in space.init if k != allocation.RANK)
-  uniform = space.rebuild(space.init)
-  budget = ctx.calib_bytes_fraction(uniform, space.gate, space.bytes(uniform))
+  scored = {}
+
+  def calib(values) -> tuple[float, float]:
+    """(NLL, bytes fraction) on the calibration windows, scored once per allocation: the
+    budget and the fallback read the trees the bisection and the uniform start scored."""
+    at = json.dumps(values, sort_keys=True)
+    if at not in scored:
+      tree = space.rebuild(values)
+      scores = ctx.calib_scores(tree, space.gate)
+      scored[at] = (float(scores["nll"].mean()), space.bytes(tree)(scores) / ctx.dense_bytes)
+    return scored[at]
+
+  budget = calib(space.init)[1]
   learned, history = allocation.learn_allocation(
       ctx.model, space.params, space.init, ctx.calib_ids, allocation.AllocationConfig(
-          budget=budget, lam=ctx.grid["learned_lambda"], steps=ctx.grid["learned_steps"]))
-  with_knob = lambda v: space.rebuild({**learned, key: v})
+          budget=budget, lam=ctx.grid["learned_lambda"], steps=ctx.grid["learned_steps"]),
+      dense_logp_cache=ctx.shared("dense_logp", dict))
   matched = {**learned, key: allocation.scale_to_budget(
-      learned[key], lambda v: ctx.calib_bytes_fraction(with_knob(v), space.gate,
-                                                       space.bytes(with_knob(v))), budget)}
-  chosen, fields = with_fallback(ctx, name, knob, space, matched, None, "learned")
+      learned[key], lambda v: calib({**learned, key: v})[1], budget)}
+  chosen, fields = with_fallback(ctx, name, knob, space, matched, calib(space.init)[0],
+                                 "learned", nll_found=calib(matched)[0])
   final = space.rebuild(chosen)
   ranks = {} if allocation.RANK not in chosen else {"ranks": {
       layer: {site: int(final[layer][site][P.V].shape[1]) for site in sites}

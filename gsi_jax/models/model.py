@@ -43,14 +43,15 @@ PROMPT_BUCKET = 16
 
 
 @functools.partial(jax.jit, static_argnames=("module", "max_new_tokens"))
-def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids):
+def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids, expected_BN):
   """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts.
 
   ids_BL holds the prompt in its first prompt_len columns; the rest is padding, which
   no real position attends to (attention is causal by position) and which the decode
   steps overwrite in the cache before they attend to it.  The loop ends early once
-  every row has produced one of eos_ids (empty or negative: never); a finished row
-  repeats its end-of-sequence token.
+  every row has produced one of eos_ids (empty or negative: never), or a token other
+  than expected_BN's at its step (negative: any token); a finished row repeats its
+  last token.
   """
   B, L = ids_BL.shape
   dtype = jax.tree.leaves(params["embed"])[0].dtype
@@ -63,8 +64,9 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids)
     logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
     return jnp.argmax(logits_BV, -1).astype(ids_BL.dtype), cache, counts
 
-  def finished(tok):
-    return jnp.any(tok[:, None] == eos_ids[None, :], -1)
+  def finished(tok, i):
+    expected = jax.lax.dynamic_index_in_dim(expected_BN, i, axis=1, keepdims=False)
+    return jnp.any(tok[:, None] == eos_ids[None, :], -1) | ((expected >= 0) & (tok != expected))
 
   tok, cache, counts = step(ids_BL, 0, cache, prompt_len - 1)
   out = jnp.zeros((B, max_new_tokens), ids_BL.dtype).at[:, 0].set(tok)
@@ -79,10 +81,11 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids)
     nxt, cache, counts = step(tok[:, None], prompt_len + i - 1, cache, 0)
     nxt = jnp.where(done, tok, nxt)
     out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))
-    return nxt, cache, i + 1, done | finished(nxt), out, jax.tree.map(jnp.add, total, counts)
+    return (nxt, cache, i + 1, done | finished(nxt, i), out,
+            jax.tree.map(jnp.add, total, counts))
 
   _, _, steps, _, out, decode_counts = jax.lax.while_loop(
-      cond, body, (tok, cache, jnp.int32(1), finished(tok), out, zero_counts))
+      cond, body, (tok, cache, jnp.int32(1), finished(tok, 0), out, zero_counts))
   return out, steps, decode_counts
 
 
@@ -193,12 +196,15 @@ class Model:
     return P.unwrap_sown(state[P.SITE_INPUTS])
 
   def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
-               return_stats: bool = False, stop_at_eos: bool = True):
+               return_stats: bool = False, stop_at_eos: bool = True, until_differs=None):
     """Greedy decoding with a KV cache; returns prompt + new ids, (B, T + N).
 
     stop_at_eos (as transformers' generate): stop once every row has produced an
     end-of-sequence token, so N <= max_new_tokens; a row that finished earlier
-    repeats its end-of-sequence token.  With return_stats, also the decode steps'
+    repeats its end-of-sequence token.  until_differs, (B, N) ids: also stop a row at its
+    first token other than theirs (kept), so the output differs from them exactly where a
+    full decode's would, which is all a comparison with a reference decode needs; the
+    decode steps run the same program either way.  With return_stats, also the decode steps'
     gate statistics (the prompt's prefill excluded), which is what batch-1 decoding
     reads: per site the fast share ("fast_share_by_layer") and the mean (V columns,
     M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
@@ -218,8 +224,16 @@ class Model:
     # Never-matching ids of the same shape: decoding with and without the stop shares
     # one compiled program.
     eos = jnp.asarray(self.eos_ids if stop_at_eos else (-1,) * len(self.eos_ids), jnp.int32)
+    expected = np.full((ids.shape[0], N), -1, np.int32)
+    if until_differs is not None:
+      reference = np.asarray(until_differs)
+      if reference.ndim != 2 or reference.shape[0] != ids.shape[0]:
+        raise GSIError(f"until_differs takes ({ids.shape[0]}, tokens) ids, got shape "
+                       f"{reference.shape}")
+      n = min(N, reference.shape[1])
+      expected[:, :n] = reference[:, :n]
     new, steps, counts = _generate(self.module, params, jnp.pad(ids, ((0, 0), (0, L - T))),
-                                   jnp.int32(T), gate, N, eos)
+                                   jnp.int32(T), gate, N, eos, jnp.asarray(expected))
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
       return out
