@@ -72,13 +72,13 @@ clean:
 # (pareto_rank, pareto_rsparse, pareto_speed: their commands are in RESULTS.md) or
 # results/benchmarks/ (make benchmarks, make scale), except make_results.json: the run's
 # wall time and each step's (benchmarks/results_cost.py).
-# Cost on a 2-core Intel Xeon (2026-12-05, make_results.json): 93.8 min in all.  Storage
-# with the calibration 1.2 min; the eight untimed steps two at a time 14.1 min (quality
-# 6.9, control 5.8, speedup 5.4, notebook 2.6, theorem4 2.6, small-eps 2.4, fidelity 2.0,
-# depth 0.3, each its process's wall); the demo 1.4; calibration_cost 2.4; pareto 74.4, of
-# which building its points 30.0 (the learned allocations 20.2),
-# greedy generations 14.9, timed decode (3 paired rounds a record) 17.6, held-out scoring
-# 11.1 (its records' phase_s, build_s).  Pareto's builds and timing are what to cut.
+# Cost on a 2-core Intel Xeon (2026-12-05, make_results.json): 80.3 min in all.  Storage
+# 0.2 min (bases restored); the eight untimed steps two at a time 13.7 (quality 7.1, control
+# 6.0, speedup 5.6, small-eps 2.5, theorem4 2.1, fidelity 2.0, notebook 1.2, depth 0.2, each
+# its process's wall); the demo 1.5; calibration_cost 2.5; pareto 62.3, of which building
+# its points 28.7 (the learned allocations 18.5), held-out scoring 11.5, timed decode (3
+# rounds, one dense decode a round per method) 11.5, greedy generations 9.7 (its records'
+# phase_s, build_s).  The learned allocations and scoring are what to cut next.
 # Longest first, so that the two lanes end close together.
 UNTIMED := quality control speedup theorem4 notebook small-eps fidelity depth
 .PHONY: $(UNTIMED:%=results-%)
