@@ -187,6 +187,7 @@ def learn_allocation(model, params, init: dict, windows_NT: np.ndarray,
   for step in range(config.steps):
     rows = rng.choice(len(windows), config.batch_windows, replace=False)
     ids = jnp.asarray(windows[rows])
+    # Without a cache, a fresh one each step: nothing is kept.
     cache = {} if dense_logp_cache is None else dense_logp_cache
     key = (config.seq_len, tuple(int(r) for r in rows))
     if key not in cache:

@@ -51,5 +51,3 @@ class Context:
   def calib_nll(self, params, gate) -> float:
     return self.evaluator.calib_nll(params, gate)
 
-  def calib_bytes_fraction(self, params, gate, bytes_of) -> float:
-    return self.evaluator.calib_bytes_fraction(params, gate, bytes_of)

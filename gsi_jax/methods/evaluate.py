@@ -105,10 +105,6 @@ class Evaluator:
     """Mean next-token NLL on the first calibration windows."""
     return float(self.calib_scores(params, gate)["nll"].mean())
 
-  def calib_bytes_fraction(self, params, gate, bytes_of) -> float:
-    """Bytes per token / dense on the first calibration windows."""
-    return bytes_of(self.calib_scores(params, gate)) / self.dense_bytes
-
   def record(self, method, knob, params, gate, bytes_of, shares=False, **extra):
     """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text).
     `phase_s`: the seconds each phase took (scoring, generations; compiling included),
