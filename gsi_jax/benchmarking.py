@@ -58,11 +58,19 @@ def timed_pair(base, other, rounds: int) -> dict:
   """base and other (callables that return once their work is done) in paired rounds:
   each one's median seconds and compile seconds, and other's speed over base with its
   interval (`ratio_interval`)."""
-  times, (base_compile, other_compile) = alternating_rounds([base, other], rounds)
-  base_s, other_s = (np.array(t) for t in zip(*times))
-  return {"base_s": float(np.median(base_s)), "other_s": float(np.median(other_s)),
-          "base_compile_s": base_compile, "other_compile_s": other_compile,
-          **ratio_interval(base_s, other_s)}
+  return timed_beside_each(base, [other], rounds)[0]
+
+
+def timed_beside_each(base, others, rounds: int) -> list[dict]:
+  """`timed_pair`'s fields for each of others, all timed in the same rounds: base once a
+  round, then each other in turn.  One base run a round serves them all, and each ratio
+  is still taken within its round."""
+  times, compile_s = alternating_rounds([base, *others], rounds)
+  base_s, *others_s = (np.array(t) for t in zip(*times))
+  return [{"base_s": float(np.median(base_s)), "other_s": float(np.median(other_s)),
+           "base_compile_s": compile_s[0], "other_compile_s": other_compile,
+           **ratio_interval(base_s, other_s)}
+          for other_s, other_compile in zip(others_s, compile_s[1:])]
 
 
 def interval_fields(pair: dict, prefix: str = "speedup") -> dict:
@@ -108,22 +116,14 @@ def decode_beside(model, ids, n: int, rounds: int, params, gate, base_params, ba
 
 def decode_beside_each(model, ids, n: int, rounds: int, trees_and_gates, base_params,
                        base_gate=None) -> list[dict]:
-  """`decode_beside`'s fields for each (params, gate), all timed in the same rounds: the
-  base once a round, then each tree in turn.  One base decode a round serves them all,
-  and each ratio is still taken within its round."""
-  fns = [_decode(model, base_params, ids, n, base_gate)]
-  fns += [_decode(model, params, ids, n, gate) for params, gate in trees_and_gates]
-  times, compile_s = alternating_rounds(fns, rounds)
-  base_s = np.array([t[0] for t in times])
-  out = []
-  for i in range(1, len(fns)):
-    other_s = np.array([t[i] for t in times])
-    pair = ratio_interval(base_s, other_s)
-    out.append({"tokens_per_s": n / float(np.median(other_s)),
-                "dense_tokens_per_s": n / float(np.median(base_s)),
-                "measured_speedup": pair["ratio"], **interval_fields(pair),
-                "compile_s": compile_s[i]})
-  return out
+  """`decode_beside`'s fields for each (params, gate), all timed in the same rounds
+  (`timed_beside_each`): one base decode a round serves them all."""
+  pairs = timed_beside_each(_decode(model, base_params, ids, n, base_gate),
+                            [_decode(model, params, ids, n, gate)
+                             for params, gate in trees_and_gates], rounds)
+  return [{"tokens_per_s": n / pair["other_s"], "dense_tokens_per_s": n / pair["base_s"],
+           "measured_speedup": pair["ratio"], **interval_fields(pair),
+           "compile_s": pair["other_compile_s"]} for pair in pairs]
 
 
 def _seconds(fn) -> float:
