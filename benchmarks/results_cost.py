@@ -4,7 +4,9 @@
 
 `make results` passes the epoch second it started.  A step is a result JSON under
 --results_dir written since then; its cost is the `run.wall_s` it records (from its
-process's start to its write), so the steps that ran two at a time overlap.
+process's start to its write), so the steps that ran two at a time overlap, and its
+`run.cpu_s`, the CPU time its process used: their sum over the machine's cores is the least
+wall time the same work could take however its steps were packed.
 """
 
 import glob
@@ -33,7 +35,7 @@ def steps_since(results_dir: str, started: float) -> list[dict]:
     with open(path) as f:
       run = json.load(f).get("run") or {}
     steps.append({"json": os.path.basename(path), "wall_s": run.get("wall_s"),
-                  "written_after_s": written - started})
+                  "cpu_s": run.get("cpu_s"), "written_after_s": written - started})
   return sorted(steps, key=lambda step: step["written_after_s"])
 
 
@@ -50,10 +52,15 @@ def main(argv):
     raise GSIError(f"no JSON under {_RESULTS_DIR.value} was written since --started; pass the "
                    "second the run started")
   wall_s = now - _STARTED.value
+  cpu = [step["cpu_s"] for step in steps]
+  cpu_s = sum(cpu) if None not in cpu else None  # JSONs written before cpu_s was recorded
   logging.info("make results: %.1f min, %d JSON written", wall_s / 60, len(steps))
   experiment.write_json(out, {"config": {"started": _STARTED.value,
                                          "results_dir": _RESULTS_DIR.value},
-                              "records": steps, "wall_s": wall_s, "wall_min": wall_s / 60})
+                              "records": steps, "wall_s": wall_s, "wall_min": wall_s / 60,
+                              "cpu_s": cpu_s, "cpus": os.cpu_count(),
+                              "floor_min": None if cpu_s is None else
+                              cpu_s / os.cpu_count() / 60})
 
 
 if __name__ == "__main__":

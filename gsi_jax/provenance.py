@@ -39,9 +39,17 @@ def process_wall_s() -> float:
     return time.monotonic() - _IMPORTED_AT
 
 
+def process_cpu_s() -> float:
+  """User plus system CPU seconds of this process, all its threads, so far."""
+  t = os.times()
+  return t.user + t.system
+
+
 def run_record() -> dict:
-  """The `run` field of a result JSON.  wall_s runs from the process's start to the write."""
-  return {"wall_s": process_wall_s(), "cpu": cpu_model(), "cpus": os.cpu_count(),
+  """The `run` field of a result JSON.  wall_s runs from the process's start to the write;
+  cpu_s is the CPU time it used meanwhile (cpu_s / wall_s: the cores it kept busy)."""
+  return {"wall_s": process_wall_s(), "cpu_s": process_cpu_s(), "cpu": cpu_model(),
+          "cpus": os.cpu_count(),
           "last_level_cache_bytes": last_level_cache_bytes(),
           "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
           "backend": jax.default_backend(), "jax": jax.__version__,

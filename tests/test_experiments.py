@@ -406,18 +406,21 @@ def test_strict_json_never_writes_bare_infinity(tmp_path):
   assert result == {"eps": "inf", "v": ["nan", 1.0]} and path.endswith("x.json")
   # Every result names its machine and how long its process had run when it was written.
   assert 0 < run["wall_s"] < 24 * 3600 and run["cpus"] == os.cpu_count()
+  assert 0 < run["cpu_s"] <= run["wall_s"] * os.cpu_count()
   assert run["cpu"] and run["backend"] == "cpu" and run["jax"] == jax.__version__
 
 
 def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
   """benchmarks/results_cost.py: the run's wall time, and each JSON written since it started
-  with the wall time that JSON records; older JSON is left out."""
+  with the wall and CPU time that JSON records; older JSON is left out; the CPU time over the
+  cores is the floor no packing of the steps beats."""
   results = tmp_path / "results"
   results.mkdir()
   started = time.time() - 100
   (results / "old.json").write_text(json.dumps({"run": {"wall_s": 5.0}}))
   os.utime(results / "old.json", (started - 10, started - 10))
-  (results / "new.json").write_text(json.dumps({"records": [], "run": {"wall_s": 42.0}}))
+  (results / "new.json").write_text(json.dumps({"records": [], "run": {"wall_s": 42.0,
+                                                                       "cpu_s": 63.0}}))
   out = tmp_path / "cost.json"
   proc = run_script([f"--started={started}", f"--results_dir={results}", f"--out={out}"],
                     script="results_cost.py", folder="benchmarks")
@@ -426,6 +429,8 @@ def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
   assert [(r["json"], r["wall_s"]) for r in cost["records"]] == [("new.json", 42.0)]
   assert 0 < cost["records"][0]["written_after_s"] <= cost["wall_s"]
   assert 100 <= cost["wall_s"] < 400 and cost["wall_min"] == pytest.approx(cost["wall_s"] / 60)
+  assert cost["records"][0]["cpu_s"] == 63.0 and cost["cpu_s"] == 63.0
+  assert cost["floor_min"] == pytest.approx(63.0 / os.cpu_count() / 60)
 
 
 @pytest.mark.parametrize("args, message", [
