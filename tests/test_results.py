@@ -87,10 +87,19 @@ def test_learned_ranks_against_learned_thresholds():
   """RESULTS §10.2: in 21 records, at equal bytes, learning ranks with thresholds is x1.118
   against x1.102 at 0.718, falls back at 0.631, and is x2.008 against x2.140 at 0.532; the
   fallback record is the uniform k = 16 tree cut from rank 64, x1.388 against the residual
-  sweep's x1.397."""
+  sweep's x1.397. Every untimed field equals pareto.json's for the same records."""
   result = load("pareto_rank.json")
   check_pareto_summaries(result)
-  assert len(result["records"]) == 21
+  assert len(result["records"]) == 21 and "Xeon" in result["run"]["cpu"]
+  timed = {"tokens_per_s", "dense_tokens_per_s", "measured_speedup", "speedup_low",
+           "speedup_high", "rounds", "dense_spread", "verdict", "compile_s", "phase_s",
+           "build_s", "learning", "uniform_ppl_ratio_at_bytes"}
+  main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
+  for r in result["records"]:
+    assert r["rounds"] == 3 and r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
+    same = main[r["method"], r["knob"]]
+    assert {f: v for f, v in r.items() if f not in timed} == {
+        f: v for f, v in same.items() if f not in timed}
   by = {(r["method"], r["knob"].split(",")[-1]): r for r in result["records"]
         if not r["knob"].startswith("k=32")}
   for target, ranked, alone in (("0.4", 1.118, 1.102), ("0.5", 1.388, 1.318),
@@ -156,6 +165,23 @@ def test_two_process_scale_run_reads_and_holds_its_share():
   calib = [round(gb / one["calib_peak_rss_gb"]["krylov"], 2)
            for gb in two["calib_peak_rss_gb_per_process"]["krylov"]]
   assert at_load == [0.75, 0.75] and calib == [0.7, 0.7]
+
+
+def test_decode_at_gptj_layer_shape_follows_bytes():
+  """RESULTS §13.3: 9 rounds beside dense at GPT-J's layer shape: static 4.16x [4.12, 4.19]
+  against a byte ideal of 3.75x; gated at the held-out median rho (half the site-tokens fast)
+  1.23x [1.23, 1.24] against 1.35x; eps = 0 reads W alone, 1.00x [0.99, 1.00]."""
+  result = load("benchmarks/scale-gptj-6b-decode.json")
+  assert result["decode_layers"] == 4 and result["decode_k"] == 256
+  assert "held-out" in result["gated_eps_from"] and "Xeon" in result["run"]["cpu"]
+  points = {p["name"]: p for p in result["points"]}
+  assert all(p["rounds"] == 9 for p in points.values())
+  assert [(_interval(points[n]), round(points[n]["byte_ideal_speedup"], 2)) for n in (
+      "static", "gated_median_rho", "gated_all_slow")] == [
+      ((4.16, 4.12, 4.19), 3.75), ((1.23, 1.23, 1.24), 1.35), ((1.0, 0.99, 1.0), 1.0)]
+  assert points["gated_median_rho"]["fast_share"] == 0.5
+  assert round(points["gated_median_rho"]["eps"], 3) == 0.758
+  assert round(result["dense_tokens_per_s"], 2) == 5.59
 
 
 def test_four_process_scale_run_reads_less_but_peaks_as_two_at_load():
