@@ -381,6 +381,28 @@ def test_two_threads_bring_every_row_kept_to_dense():
   assert _interval(now["kept_all"]) == (1.01, 0.98, 1.07)
 
 
+def test_gated_map_alone_against_its_byte_ideal():
+  """RESULTS §11.1: one gated map, 36 cases in 15 rounds each beside dense (24.6-28.9 GB/s):
+  f = 0 at 0.85-1.01x dense (byte ideal 0.89-0.99x), f = 0.5 at 0.92-1.01 of its ideal, f = 1
+  at 0.58-0.93, lowest at O = 4096, k = 128 (9.21x [9.00, 12.74] against 16x)."""
+  result = load("benchmarks/linear.json")
+  records = result["records"]
+  assert len(records) == 36 and "Xeon" in result["run"]["cpu"]
+  assert all(r["rounds"] == 15 for r in records)
+  def span(values):
+    values = list(values)
+    return round(min(values), 2), round(max(values), 2)
+  share = lambda f: [r for r in records if abs(r["fast_share"] - f) < 0.02]
+  assert [round(f(r["dense_gb_s"] for r in records), 1) for f in (min, max)] == [24.6, 28.9]
+  assert span(r["measured_speedup"] for r in share(0)) == (0.85, 1.01)
+  assert span(r["ideal_speedup"] for r in share(0)) == (0.89, 0.99)
+  assert span(r["of_ideal"] for r in share(0.5)) == (0.92, 1.01)
+  assert span(r["of_ideal"] for r in share(1)) == (0.58, 0.93)
+  lowest = min(share(1), key=lambda r: r["of_ideal"])
+  assert (lowest["d_out"], lowest["k"], _interval(lowest), lowest["ideal_speedup"]) == (
+      4096, 128, (9.21, 9.0, 12.74), 16.0)
+
+
 def test_linear_benchmark_lands_on_its_byte_ideal_three_runs_in_a_row():
   """BUILD_NOTES, benchmarks: f = 1 within [0.8, 1.15] of the byte ideal and f = 0 at
   >= 0.9x dense in each of three runs of the same command."""
