@@ -78,8 +78,8 @@ clean:
 # its process's wall); the demo 1.5; calibration_cost 2.5; pareto 62.3, of which building
 # its points 28.7 (the learned allocations 18.5), held-out scoring 11.5, timed decode (3
 # rounds, one dense decode a round per method) 11.5, greedy generations 9.7 (its records'
-# phase_s, build_s).  Its CPU time over 2 cores, the timed steps alone, is about 65 min
-# (BUILD_NOTES); make_results.json now records each step's run.cpu_s and that floor.
+# phase_s, build_s).  Packed perfectly, with the timed steps alone, its CPU time still needs
+# about 65 min on 2 cores (BUILD_NOTES); make_results.json records each step's run.cpu_s.
 # Longest first, so that the two lanes end close together.
 UNTIMED := quality control speedup theorem4 notebook small-eps fidelity depth
 .PHONY: $(UNTIMED:%=results-%)
