@@ -5,6 +5,8 @@ maps); the evaluation paths compute the same function by masking.  Both must
 give the same greedy tokens.
 """
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,7 +85,8 @@ def test_one_call_serves_every_map_of_a_site(d, outs, kept):
   for a product of over 2^18 kept weights, gives the upper half of the kept rows to its
   helper thread, which sums them into its own buffer (odd counts split unevenly); two
   such calls side by side (XLA runs independent ones together) contend for the helper,
-  and the one that finds it busy works alone."""
+  and the one that finds it busy works alone.  Every other round waits past the helper's
+  millisecond of polling, so it has gone to sleep and the next call wakes it."""
   x = jnp.asarray(RNG.standard_normal(d), jnp.float32)
   keep = jnp.asarray(RNG.random(d) < kept)
   Ws = [jnp.asarray(RNG.standard_normal((d, o)), jnp.float32) for o in outs]
@@ -91,7 +94,9 @@ def test_one_call_serves_every_map_of_a_site(d, outs, kept):
   assert program.count(cpu_kernels.TARGET) == 1
   two_sites = jax.jit(lambda x, k, Ws: (cpu_kernels.kept_rows(x, k, Ws),
                                         cpu_kernels.kept_rows(-x, k, Ws[::-1])))
-  for _ in range(20):
+  for i in range(20):
+    if i % 2:
+      time.sleep(0.005)
     first, second = two_sites(x, keep, Ws)
     for y, y_neg, W in zip(first, second[::-1], Ws):
       want = np.asarray(jnp.where(keep, x, 0) @ W)

@@ -10,6 +10,8 @@
 // 576x3072's rows kept against 0.92 now; results/benchmarks/sparse_rows*.json).
 // Registered with XLA's FFI by gsi_jax/ops/cpu_kernels.py, which compiles it.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -72,9 +74,15 @@ namespace {
 
 // One helper thread beside XLA's own: a large product gives it the upper half of the kept
 // rows while the calling thread does the lower half (one core streams about 20 GB/s here;
-// two read what the memory gives).  It is taken with try_lock, so calls
-// that XLA runs side by side never wait for each other: a call that finds it busy does
-// its whole product alone.  It waits on a condition variable, never spins.
+// two read what the memory gives).  It is taken with a compare-and-swap, so calls that XLA
+// runs side by side never wait for each other: a call that finds it busy does its whole
+// product alone.  A decode step calls the kernel every few hundred microseconds, and on a
+// virtual machine waking a sleeping thread twice a call cost about 72 us of it (every row
+// kept at 0.87x dense when both sides slept on condition variables, 1.21x now:
+// results/benchmarks/decode_dense_equivalents{_before,}.json).  So after each half the
+// helper polls for new work for kSpin, yielding its core to any thread that wants it,
+// before it sleeps on a condition variable, and the caller polls the same way for the
+// helper's half, which takes as long as its own.
 class Helper {
  public:
   static Helper& Instance() {
@@ -84,44 +92,57 @@ class Helper {
 
   // Runs `work` on the helper and returns true, or returns false if it is taken.
   bool Start(std::function<void()> work) {
-    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
-    if (!lock.owns_lock() || work_ || running_) return false;
+    bool free = false;
+    if (!taken_.compare_exchange_strong(free, true)) return false;
     work_ = std::move(work);
-    running_ = true;
-    wake_.notify_one();
+    state_.store(kPosted);
+    if (sleeping_.load()) {  // seq_cst with Loop's store and load: one of them sees the other
+      std::lock_guard<std::mutex> lock(mu_);
+      wake_.notify_one();
+    }
     return true;
   }
 
   void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [this] { return !running_; });
+    while (state_.load(std::memory_order_acquire) != kDone) std::this_thread::yield();
+    work_ = nullptr;
+    state_.store(kIdle, std::memory_order_relaxed);
+    taken_.store(false, std::memory_order_release);
   }
 
  private:
+  enum : int { kIdle, kPosted, kDone };
+
   Helper() { std::thread([this] { Loop(); }).detach(); }
 
   void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      wake_.wait(lock, [this] { return static_cast<bool>(work_); });
-      std::function<void()> work = std::move(work_);
-      work_ = nullptr;
-      lock.unlock();
-      work();
-      lock.lock();
-      running_ = false;
-      done_.notify_all();
+      const auto since = std::chrono::steady_clock::now();
+      while (state_.load(std::memory_order_acquire) != kPosted) {
+        if (std::chrono::steady_clock::now() - since > kSpin) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.store(true);
+          wake_.wait(lock, [this] { return state_.load() == kPosted; });
+          sleeping_.store(false);
+          break;
+        }
+        std::this_thread::yield();
+      }
+      work_();
+      state_.store(kDone, std::memory_order_release);
     }
   }
+  static constexpr std::chrono::microseconds kSpin{1000};
 
+  std::atomic<bool> taken_{false}, sleeping_{false};
+  std::atomic<int> state_{kIdle};
   std::mutex mu_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_;
   std::function<void()> work_;
-  bool running_ = false;
 };
 
 // Products smaller than this many kept weights (1 MB of float32) stay on one thread: the
-// helper's wake-up would cost more than its half saves.
+// hand-off to the helper would cost more than its half saves.
 constexpr int64_t kSplitElements = 1 << 18;
 
 }  // namespace
