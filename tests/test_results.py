@@ -99,8 +99,7 @@ def test_learned_ranks_against_learned_thresholds():
   assert len(result["records"]) == 21 and "Xeon" in result["run"]["cpu"]
   # What each run computed, to the bit; the uniform front at a record's bytes is each
   # run's own grid's.
-  computed = lambda r: {f: v for f, v in r.items()
-                        if not MEASURED.search(f) and f != "uniform_ppl_ratio_at_bytes"}
+  computed = lambda r: _computed(r, "uniform_ppl_ratio_at_bytes")
   main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
   for r in result["records"]:
     assert r["rounds"] == 3 and r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
@@ -310,12 +309,20 @@ def test_pareto_speed_retimes_the_records_at_low_perplexity():
   assert [_interval(split_by_columns[key]) for key in (("sparsity", "target=0.25"),
                                                       ("gsi", "k=384,eps=0.0"))] == [
       (1.12, 1.11, 1.15), (0.97, 0.95, 0.99)]
-  computed = lambda r: {f: v for f, v in r.items()
-                        if not MEASURED.search(f) and f not in ("rounds",)}
+  computed = lambda r: _computed(r, "rounds")
   main = {(r["method"], r["knob"]): r for r in load("pareto.json")["records"]}
   shared = [key for key in by if key in main]
   assert len(shared) == 9
   assert all(computed(by[key]) == computed(main[key]) for key in shared)
+
+
+def _computed(record, *also_ignored):
+  """What a run computed rather than measured, to be equal to the bit between runs."""
+  return {f: v for f, v in record.items() if not MEASURED.search(f) and f not in also_ignored}
+
+
+def _top_op(profile, name):
+  return next(o for o in profile["top_ops"] if o["op"] == name)
 
 
 def _op_ms(profile):
@@ -330,7 +337,7 @@ def test_dense_equivalents_profiled_beside_dense():
   1.21x [1.19, 1.24], CATS 1.05x [1.04, 1.06]. GSI at eps 0 stays at 0.97x [0.97, 0.98], its
   120 conditionals 0.7 ms of their own."""
   before, now = (load(f"benchmarks/decode_dense_equivalents{s}.json") for s in ("_before", ""))
-  ffi = lambda r, key: next(o for o in r[key]["profile"]["top_ops"] if o["op"] == "ffi_call")
+  ffi = lambda r, key: _top_op(r[key]["profile"], "ffi_call")
   runs = {}
   for name, r in (("before", before), ("now", now)):
     assert "Xeon" in r["run"]["cpu"]
@@ -342,8 +349,7 @@ def test_dense_equivalents_profiled_beside_dense():
     runs[name] = ([_interval(x) for x in (gsi, r["kept_all"], r["cats_all"])],
                   [round(_op_ms(p), 1) for p in profiles],
                   [round(ffi(r, key)["ms_per_token"], 1) for key in ("kept_all", "cats_all")],
-                  round(next(o for o in r["dense_profile"]["top_ops"]
-                             if o["op"] == "dot")["ms_per_token"], 1))
+                  round(_top_op(r["dense_profile"], "dot")["ms_per_token"], 1))
   assert runs["before"] == ([(0.96, 0.95, 0.98), (0.87, 0.86, 0.89), (0.84, 0.82, 0.84)],
                             [32.1, 33.4, 35.1, 38.2], [25.6, 20.6], 22.5)
   assert runs["now"] == ([(0.97, 0.97, 0.98), (1.21, 1.19, 1.24), (1.05, 1.04, 1.06)],
@@ -401,10 +407,9 @@ def test_two_threads_bring_every_row_kept_to_dense():
   assert [(round(r["bytes_fraction"], 3), round(r["ppl_ratio"], 3), r["verdict"])
           for r in cats["records"]] == [(1.0, 1.0, "faster"), (0.881, 1.056, "faster")]
   before, now = (load(f"benchmarks/decode_kept_rows{s}.json") for s in ("_before", ""))
-  ops = lambda profile, name: next(o for o in profile["top_ops"] if o["op"] == name)
-  assert round(ops(before["kept_all"]["profile"], "ffi_call")["ms_per_token"]
-               / ops(before["dense_profile"], "dot")["ms_per_token"], 2) == 1.11
-  assert round(ops(now["kept_all"]["profile"], "ffi_call")["per_token"]) == 118
+  assert round(_top_op(before["kept_all"]["profile"], "ffi_call")["ms_per_token"]
+               / _top_op(before["dense_profile"], "dot")["ms_per_token"], 2) == 1.11
+  assert round(_top_op(now["kept_all"]["profile"], "ffi_call")["per_token"]) == 118
   assert _interval(before["kept_all"]) == (0.87, 0.77, 0.9)
   assert _interval(now["kept_all"]) == (1.01, 0.98, 1.07)
 
