@@ -135,5 +135,6 @@ benchmarks: $(STAMP)
 # 12-13 GB each, written outside the repository; about 20 minutes per shape here.
 SCALE_DIR ?= /tmp/gsi_jax_scale
 scale: $(STAMP)
-	$(PY) benchmarks/scale.py --shape gptj-6b --checkpoint $(SCALE_DIR)/gptj-6b --out results/benchmarks/scale-gptj-6b.json
+	$(PY) benchmarks/scale.py --shape gptj-6b --checkpoint $(SCALE_DIR)/gptj-6b --repeats 9 \
+	  --out results/benchmarks/scale-gptj-6b.json
 	$(PY) benchmarks/scale.py --shape opt-6.7b --checkpoint $(SCALE_DIR)/opt-6.7b --decode_layers 0 --out results/benchmarks/scale-opt-6.7b.json

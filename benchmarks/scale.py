@@ -288,10 +288,6 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None, save=lambda out: Non
                  "ideal x%.2f", name, tps, timed["dense_tokens_per_s"], timed["measured_speedup"],
                  timed["speedup_low"], timed["speedup_high"], b["speedup_bytes"])
     save(out)
-  static = out["points"][0]
-  out.update(static_tokens_per_s=static["tokens_per_s"],
-             byte_ideal_speedup=static["byte_ideal_speedup"],
-             measured_speedup=static["measured_speedup"])
   return out
 
 

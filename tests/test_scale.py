@@ -208,7 +208,7 @@ def test_scale_benchmark_end_to_end(sharded_checkpoint, tmp_path):
   assert static["fast_share"] == 1.0 and slow["fast_share"] == 0.0
   assert static["byte_ideal_speedup"] > 1
   assert slow["byte_ideal_speedup"] == pytest.approx(1.0)  # ε = 0 reads W alone, not V_k
-  assert r["measured_speedup"] == static["measured_speedup"]
+  assert "measured_speedup" not in r  # each ratio sits in its point, beside its interval
   assert static["speedup_low"] <= static["measured_speedup"] <= static["speedup_high"]
   assert static["measured_speedup"] == pytest.approx(static["tokens_per_s"]
                                                      / static["dense_tokens_per_s"])  # 1 round
