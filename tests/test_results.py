@@ -417,6 +417,19 @@ def test_one_layers_maps_timed_alone_on_the_xeon(name, kernel_ms, dense_ms):
   assert _one_layer_ms(result["records"]) == (kernel_ms, dense_ms)
 
 
+def test_kernel_calls_traced_in_a_decode_on_one_thread_and_two():
+  """RESULTS §11.4: traced in a decode with every row kept, the kernel's 118 calls a token take
+  17.0 ms on two threads and 33.6 ms on one, where 30 layers of the maps timed alone take 26.7
+  and 18.7 ms."""
+  calls = [_top_op(load(f"benchmarks/{name}.json")["kept_all"]["profile"], "ffi_call")
+           for name in ("decode_dense_equivalents", "decode_dense_equivalents_one_thread")]
+  assert [(round(c["ms_per_token"], 1), round(c["per_token"])) for c in calls] == [
+      (17.0, 118), (33.6, 118)]
+  alone = [_one_layer_ms(load(f"benchmarks/{name}.json")["records"])[0] for name in (
+      "sparse_rows_model_maps_xeon", "sparse_rows_model_maps_xeon_one_thread")]
+  assert [round(30 * ms, 1) for ms in alone] == [26.7, 18.7]
+
+
 def test_every_row_kept_one_layers_maps_through_the_kernel():
   """RESULTS §11.4: with every row kept, one layer's seven maps (q, k, v, o, gate, up, down) take
   0.706 ms through the kernel against dense's 0.677; the mlp shapes lose (0.89-0.93x, intervals
