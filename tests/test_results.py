@@ -85,8 +85,7 @@ def test_pareto_summaries_are_recomputed_from_its_records():
       ("sparsity+head", "target=0.1,head_eps=0.1"), ("cats", "target=0.2"), ("cats", "target=0.3")]
   usable_gsi = [r for r in records if r["method"].startswith("gsi") and r["ppl_ratio"] <= 1.01]
   assert len(usable_gsi) == 9 and all(r["speedup_high"] < 1 for r in usable_gsi)
-  assert (round(min(r["measured_speedup"] for r in usable_gsi), 2),
-          round(max(r["measured_speedup"] for r in usable_gsi), 2)) == (0.69, 0.81)
+  assert _span(r["measured_speedup"] for r in usable_gsi) == (0.69, 0.81)
 
 
 def test_learned_ranks_against_learned_thresholds():
@@ -291,8 +290,7 @@ def test_pareto_allocations_and_targets():
       "residual_learned", "residual_rank_learned") or (r["method"], r["knob"]) in {
           ("sparsity", f"target={t}") for t in ("0.1", "0.25", "0.4", "0.5", "0.6")}]
   of_ideal = [r["measured_speedup"] * r["bytes_fraction"] for r in skip_rows]
-  assert len(skip_rows) == 33 and (round(min(of_ideal), 2), round(max(of_ideal), 2)) == (0.79,
-                                                                                         1.2)
+  assert len(skip_rows) == 33 and _span(of_ideal) == (0.79, 1.2)
   assert sum(x >= 0.85 for x in of_ideal) == 28
 
 
@@ -391,14 +389,11 @@ def test_kept_rows_kernel_timed_alone_on_the_xeon():
   assert "Xeon" in result["run"]["cpu"] and round(result["run"]["wall_s"]) == 1144
   assert sorted({r["copies"] for r in records}) == [285, 569]
   kernel = [r for r in records if r["variant"] == "kernel"]
-  share = lambda rs: (round(min(r["of_ideal"] for r in rs), 2),
-                      round(max(r["of_ideal"] for r in rs), 2))
-  assert share(kernel) == (0.49, 0.74)
-  assert share([r for r in records if r["variant"] == "dots"]) == (0.51, 0.8)
-  assert share([r for r in records if r["variant"] in ("gather", "reduce", "blocks")
-                and r["kept"] < 1]) == (0.23, 0.46)
-  gb_s = [r["dense_gb_s"] for r in records]
-  assert (round(min(gb_s), 1), round(max(gb_s), 1)) == (17.3, 27.0)
+  assert _span(r["of_ideal"] for r in kernel) == (0.49, 0.74)
+  assert _span(r["of_ideal"] for r in records if r["variant"] == "dots") == (0.51, 0.8)
+  assert _span(r["of_ideal"] for r in records if r["variant"] in ("gather", "reduce", "blocks")
+               and r["kept"] < 1) == (0.23, 0.46)
+  assert _span((r["dense_gb_s"] for r in records), 1) == (17.3, 27.0)
   two = [_interval(r) for r in kernel if r["kept"] == 1]
   one = load("benchmarks/sparse_rows_xeon_one_thread.json")["records"]
   assert [r["copies"] for r in one] == [285, 569]
@@ -452,6 +447,12 @@ def _one_layer_ms(records):
   return tuple(round(sum(by[shape][key] for shape in layer), 3) for key in ("ms", "dense_ms"))
 
 
+def _span(values, digits=2):
+  """(min, max) of values, rounded as the docs print them."""
+  values = list(values)
+  return round(min(values), digits), round(max(values), digits)
+
+
 def _interval(r):
   assert r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
   return tuple(round(r[key], 2) for key in ("measured_speedup", "speedup_low", "speedup_high"))
@@ -497,15 +498,12 @@ def test_gated_map_alone_against_its_byte_ideal():
   records = result["records"]
   assert len(records) == 36 and "Xeon" in result["run"]["cpu"]
   assert all(r["rounds"] == 15 for r in records)
-  def span(values):
-    values = list(values)
-    return round(min(values), 2), round(max(values), 2)
   share = lambda f: [r for r in records if abs(r["fast_share"] - f) < 0.02]
   assert [round(f(r["dense_gb_s"] for r in records), 1) for f in (min, max)] == [24.6, 28.9]
-  assert span(r["measured_speedup"] for r in share(0)) == (0.85, 1.01)
-  assert span(r["ideal_speedup"] for r in share(0)) == (0.89, 0.99)
-  assert span(r["of_ideal"] for r in share(0.5)) == (0.92, 1.01)
-  assert span(r["of_ideal"] for r in share(1)) == (0.58, 0.93)
+  assert _span(r["measured_speedup"] for r in share(0)) == (0.85, 1.01)
+  assert _span(r["ideal_speedup"] for r in share(0)) == (0.89, 0.99)
+  assert _span(r["of_ideal"] for r in share(0.5)) == (0.92, 1.01)
+  assert _span(r["of_ideal"] for r in share(1)) == (0.58, 0.93)
   lowest = min(share(1), key=lambda r: r["of_ideal"])
   assert (lowest["d_out"], lowest["k"], _interval(lowest), lowest["ideal_speedup"]) == (
       4096, 128, (9.21, 9.0, 12.74), 16.0)
@@ -602,18 +600,18 @@ def test_kept_rows_kernel_share_of_byte_ideal():
               if r["variant"] == "kernel"}
     xla = [r["of_ideal"] for r in records
            if r["variant"] in ("gather", "reduce", "blocks") and r["kept"] < 1]
-    return kernel, (round(min(xla), 2), round(max(xla), 2))
+    return kernel, _span(xla)
   result = load("benchmarks/sparse_rows_column_split.json")
   records = result["records"]
   kernel, xla = kernel_and_xla(records)
-  assert (round(min(kernel.values()), 2), round(max(kernel.values()), 2)) == (0.58, 0.88)
+  assert _span(kernel.values()) == (0.58, 0.88)
   assert [key for key, v in kernel.items() if v >= 0.85] == [(576, 3072, 1.0)]
   assert xla == (0.23, 0.63)
   dots = [r["of_ideal"] for r in records if r["variant"] == "dots"]
-  assert (round(min(dots), 2), round(max(dots), 2)) == (0.68, 0.90)
+  assert _span(dots) == (0.68, 0.90)
   assert result["config"]["repeats"] == 15 and all(r["rounds"] == 15 for r in records)
   gb_s = [r["dense_gb_s"] for r in records]
-  assert (round(min(gb_s), 1), round(max(gb_s), 1)) == (11.6, 27.3)
+  assert _span(gb_s, 1) == (11.6, 27.3)
   all_kept = [r for r in records if r["variant"] == "kernel" and r["kept"] == 1]
   assert [round(r["measured_speedup"], 2) for r in all_kept] == [0.88, 0.78]
   assert all(r["verdict"] == "slower" for r in all_kept)
@@ -621,14 +619,14 @@ def test_kept_rows_kernel_share_of_byte_ideal():
   result = load("benchmarks/sparse_rows.json")
   records = result["records"]
   kernel, xla = kernel_and_xla(records)
-  assert (round(min(kernel.values()), 2), round(max(kernel.values()), 2)) == (0.62, 0.97)
+  assert _span(kernel.values()) == (0.62, 0.97)
   assert [key for key, v in kernel.items() if v >= 0.85] == [
       (576, 3072, 0.5), (576, 3072, 0.75), (576, 3072, 1.0), (1536, 576, 1.0)]
   assert round(kernel[576, 3072, 0.75], 2) == 0.92 and xla == (0.24, 0.59)
   dots = [r["of_ideal"] for r in records if r["variant"] == "dots"]
-  assert (round(min(dots), 2), round(max(dots), 2)) == (0.69, 0.93)
+  assert _span(dots) == (0.69, 0.93)
   gb_s = [r["dense_gb_s"] for r in records]
-  assert (round(min(gb_s), 1), round(max(gb_s), 1)) == (19.8, 32.3)
+  assert _span(gb_s, 1) == (19.8, 32.3)
   all_kept = [r for r in records if r["variant"] == "kernel" and r["kept"] == 1]
   assert [(round(r["measured_speedup"], 2), r["verdict"]) for r in all_kept] == [
       (0.97, "within noise"), (0.88, "slower")]
