@@ -64,6 +64,10 @@ class ParetoConfig:
                      f"{', '.join(methods.names())}")
     if self.speed_repeats < 0:
       raise GSIError(f"--speed_repeats must be >= 0, got {self.speed_repeats}")
+    for name in self.methods:
+      if methods.REGISTRY[name].learned and not self.learned:
+        raise GSIError(f"--methods {name}: a learned allocation runs with --learned (beside "
+                       f"its uniform method, {methods.REGISTRY[name].uniform}); add --learned")
     for knob in sorted(self.given):
       users = methods.users(knob)
       if not any(self.runs(name) for name in users):
@@ -75,13 +79,21 @@ class ParetoConfig:
       if methods.REGISTRY[name].check:
         methods.REGISTRY[name].check(self.grid, self.base)
 
+  @property
+  def named(self) -> frozenset:
+    """--methods, and with --learned the uniform method of each learned one named there
+    (a learned allocation is compared with it, so it brings it in)."""
+    learned = {methods.REGISTRY[name].uniform for name in self.methods
+               if self.learned and methods.REGISTRY[name].learned}
+    return frozenset(self.methods) | learned
+
   def runs(self, name: str) -> bool:
     """Whether this run evaluates a method (a learned one needs --learned and its uniform
     method, and runs with it)."""
     method = methods.REGISTRY[name]
     if method.learned and not (self.learned and self.runs(method.uniform)):
       return False
-    return not self.methods or name in self.methods or (
+    return not self.methods or name in self.named or (
         method.learned and method.uniform in self.methods)
 
   def running(self) -> list[str]:
@@ -129,17 +141,23 @@ def pareto(c: ParetoConfig):
   records = []
   for name in c.running():
     method = methods.REGISTRY[name]
-    if not method.runs_on(c.grid, s.model.config):
-      continue
     mine, trees = [], []
-    for build_s, point in timed_points(method.points(ctx)):
-      mine.append(ev.record(name, point.knob, point.params, point.gate,
-                            method.bytes_of(point), shares=point.shares, build_s=build_s,
-                            **point.extra))
-      trees.append((point.params, point.gate))
+    if method.runs_on(c.grid, s.model.config):
+      for build_s, point in timed_points(method.points(ctx)):
+        mine.append(ev.record(name, point.knob, point.params, point.gate,
+                              method.bytes_of(point), shares=point.shares, build_s=build_s,
+                              **point.extra))
+        trees.append((point.params, point.gate))
+    if not mine:
+      if name in c.named:  # asked for by name: an empty row of the table would hide it
+        raise method.no_points()
+      continue
     ev.time_beside_dense(mine, trees)
     records += mine
     release_executables()
+  if not records:
+    raise GSIError("no method made a record with these settings; name methods and their "
+                   "knobs (--methods, --helpfull lists the knobs)")
   matched_uniform(records, uniform_of())
   beside = [r["dense_tokens_per_s"] for r in records if "dense_tokens_per_s" in r]
   speed = {"dense_tokens_per_s": ev.dense_tokens_per_s,

@@ -3,14 +3,21 @@ exists only in a test, registered from its own file, runs through pareto with no
 change; knobs of methods a run does not evaluate are refused."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
+from absl import flags
 
 from gsi_jax import cli, methods
 from gsi_jax.errors import GSIError
+from gsi_jax.methods.common import KEPT_ROWS, by_tree, sparse_bytes
 from tests import global_sparsity
-from tests.test_experiments import SMALL, run_in_process
+from tests.test_experiments import ROOT, SMALL, experiment_module, run_in_process
 
 EIGHTEEN = {"gsi", "gsi_out", "gsi_ladder", "static", "svd", "sparsity", "head", "sparsity+head",
             "larosa", "residual", "rsparse", "cats", "sparsity_greedy", "sparsity_learned",
@@ -92,3 +99,98 @@ def test_knobs_of_methods_the_run_does_not_evaluate_are_refused(args, message, t
     run_in_process("pareto", args + ["--model=/nonexistent/m.gguf", f"--bases_dir={tmp_path}",
                                      f"--out={tmp_path / 'p.json'}"])
   assert not any(tmp_path.iterdir())
+
+
+def _method(name, points, knobs=()):
+  """A test's own method: its points, bytes as sparsity counts them."""
+  return methods.Method(name, "a test's method", knobs, points, by_tree(sparse_bytes),
+                        KEPT_ROWS)
+
+
+@pytest.mark.parametrize("name", ["eps", "methods", "k", "out", "v", "flagfile"])
+def test_a_knob_named_like_a_script_flag_is_refused(name):
+  knob = methods.Knob(name, float, ("0.1",), "clashes")
+  with pytest.raises(GSIError, match=re.escape(f"knob --{name} would clash with the flag")):
+    methods.register(_method("clashing", lambda ctx: (), (knob,)))
+  assert "clashing" not in methods.REGISTRY
+
+
+LIST_FLAGS = """
+import importlib.util, json, sys
+sys.argv = ["pareto"]
+spec = importlib.util.spec_from_file_location("pareto", "experiments/pareto.py")
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+from absl import flags
+from gsi_jax import cli, methods
+cli.define_process_flags()  # cli.run defines them before parsing
+print(json.dumps(sorted(set(flags.FLAGS) - set(methods.knobs()))))
+"""
+
+
+def test_the_taken_flags_are_every_flag_pareto_has_beside_its_knobs():
+  """registry.TAKEN_FLAGS is what register() refuses: it must hold each flag of the script
+  (absl's help and flagfile flags are special and not listed by FLAGS, so only <=)."""
+  proc = subprocess.run([sys.executable, "-c", LIST_FLAGS], capture_output=True, text=True,
+                        cwd=ROOT, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  flags_of_pareto = set(json.loads(proc.stdout.splitlines()[-1]))
+  assert {"eps", "methods", "learned", "coordinator_address", "verbosity"} <= flags_of_pareto
+  assert flags_of_pareto <= methods.TAKEN_FLAGS
+  assert not methods.TAKEN_FLAGS & set(methods.knobs())
+
+
+def test_a_learned_method_needs_learned_and_brings_its_uniform_method(tmp_path):
+  """Named alone without --learned it is refused before loading; with --learned its uniform
+  method runs beside it (it is compared with it)."""
+  with pytest.raises(GSIError, match=re.escape(
+      "--methods sparsity_learned: a learned allocation runs with --learned (beside its "
+      "uniform method, sparsity); add --learned")):
+    run_in_process("pareto", ["--methods=sparsity_learned", "--model=/nonexistent/m.gguf",
+                              f"--out={tmp_path / 'p.json'}"])
+  pareto = experiment_module("pareto")
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["pareto", "--methods=sparsity_learned,gsi", "--learned",
+               f"--out={tmp_path / 'p.json'}"])
+  try:
+    c = pareto.config_from_flags()
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert c.running() == ["gsi", "sparsity", "sparsity_learned", "gsi_learned"]
+  assert not any(tmp_path.iterdir())
+
+
+def _nan_points(ctx):
+  """One point whose weights are NaN: every score it gets is NaN."""
+  yield methods.Point("poisoned", jax.tree.map(lambda a: a * jnp.nan, ctx.base))
+
+
+@pytest.mark.parametrize("name, points, message", [
+    ("empty_method", lambda ctx: iter(()), "method empty_method makes no point with these "
+     "settings (its knobs: none, and --k); give its knobs values, or drop empty_method from "
+     "--methods"),
+    ("nan_method", _nan_points, "method nan_method, point poisoned: its held-out perplexity "
+     "ratio is nan, not a finite number, so the run ends with no record for it"),
+])
+def test_a_named_method_without_a_finite_record_ends_the_run(tiny_folder, tmp_path, name,
+                                                             points, message):
+  """A method asked for by name that makes no record, or a record whose scores are NaN,
+  ends the run with one error and writes no JSON (not an empty or NaN-fed table)."""
+  methods.register(_method(name, points))
+  try:
+    with pytest.raises(GSIError, match=re.escape(message)):
+      run_in_process("pareto", SMALL + [
+          f"--methods={name}", "--speed_repeats=0", f"--model={tiny_folder('llama_gqa')[0]}",
+          f"--out={tmp_path / 'p.json'}", f"--bases_dir={tmp_path / 'bases'}"])
+  finally:
+    methods.unregister(name)
+  assert not (tmp_path / "p.json").exists()
+
+
+def test_a_method_the_model_cannot_serve_by_name_is_refused(tiny_folder, tmp_path):
+  """head runs only with --head_k > 0: named with --head_k=0 it would make no record."""
+  with pytest.raises(GSIError, match="method head makes no point with these settings"):
+    run_in_process("pareto", SMALL + [
+        "--methods=head", "--head_k=0", "--speed_repeats=0",
+        f"--model={tiny_folder('llama_gqa')[0]}", f"--out={tmp_path / 'p.json'}",
+        f"--bases_dir={tmp_path / 'bases'}"])
+  assert not (tmp_path / "p.json").exists()

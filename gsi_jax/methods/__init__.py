@@ -5,8 +5,8 @@ Adding a method is one module that calls `register` (see `registry.Method`), its
 line below, and its test; `experiments/pareto.py` then runs it with no other change.
 """
 
-from gsi_jax.methods.registry import (PLATFORMS, REGISTRY, Knob, Method, Point, knobs, names,
-                                      register, unregister, users)
+from gsi_jax.methods.registry import (PLATFORMS, REGISTRY, TAKEN_FLAGS, Knob, Method, Point,
+                                      knobs, names, register, unregister, users)
 
 # Each module registers its methods when imported; the order is the sweep's.
 from gsi_jax.methods import gsi  # noqa: E402,F401  gsi, gsi_out, gsi_ladder, static
@@ -18,5 +18,5 @@ from gsi_jax.methods import rsparse  # noqa: E402,F401  rsparse, rsparse_searche
 from gsi_jax.methods import cats  # noqa: E402,F401
 from gsi_jax.methods import learned  # noqa: E402,F401  the four learned allocations
 
-__all__ = ["PLATFORMS", "REGISTRY", "Knob", "Method", "Point", "knobs", "names", "register",
+__all__ = ["PLATFORMS", "REGISTRY", "TAKEN_FLAGS", "Knob", "Method", "Point", "knobs", "names", "register",
            "unregister", "users"]

@@ -5,12 +5,14 @@ alternation with dense decode."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import jax
 import numpy as np
 
 from gsi_jax import distributed, metrics, sharding
+from gsi_jax.errors import GSIError
 from gsi_jax.benchmarking import decode_beside_each, decode_tokens_per_s
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.ops import make_gate
@@ -114,6 +116,13 @@ class Evaluator:
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
+    for what, value in (("perplexity ratio", q["ppl_ratio"]),
+                        ("top-1 agreement", q["top1_agreement"]),
+                        ("bytes per token", bytes_per_token)):
+      if not math.isfinite(value):  # a NaN would sort anywhere on the fronts
+        raise GSIError(f"method {method}, point {knob}: its held-out {what} is {value}, not a "
+                       "finite number, so the run ends with no record for it; check the "
+                       "point's tree (NaN or inf weights, thresholds or bases)")
     scored = time.perf_counter()
     # Each generation stops at its first token that is not dense's: whether the two are
     # the same is all a record keeps.

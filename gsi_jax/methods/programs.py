@@ -17,7 +17,6 @@ from typing import Callable, Iterator
 import jax
 
 from gsi_jax import lowering
-from gsi_jax.errors import GSIError
 from gsi_jax.methods import registry
 from gsi_jax.methods.evaluate import batch1
 from gsi_jax.models import params as P
@@ -33,8 +32,7 @@ def first_points(ctx) -> Iterator[tuple[str, registry.Point | None]]:
     if ctx.runs(name) and method.runs_on(ctx.grid, ctx.model.config):
       point = next(iter(method.points(ctx)), None)
       if point is None:
-        raise GSIError(f"method {name} makes no point with these settings (its knobs: "
-                       f"{', '.join(k.name for k in method.knobs) or 'none'}, and --k)")
+        raise method.no_points()
       yield name, point
 
 

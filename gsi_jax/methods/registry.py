@@ -15,6 +15,18 @@ from typing import Any, Callable, Iterable, Mapping
 from gsi_jax.errors import GSIError
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+# Flags that `experiments/pareto.py` defines besides the knobs (the shared experiment and
+# process flags, its own, and absl's): a knob may take none of these names
+# (tests/test_methods.py checks this list against the script's flags).
+TAKEN_FLAGS = frozenset({
+    "model", "k", "eps", "mode", "impl", "dtype", "calib_text_file", "eval_text_file",
+    "calib_tokens", "eval_tokens", "seq_len", "method", "bases_dir", "prompts_file",
+    "max_new_tokens", "out", "coordinator_address", "num_processes", "process_id",
+    "distributed_auto", "process_timeout_s", "methods", "speed_repeats", "learned",
+    "help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok", "v", "verbosity",
+    "logtostderr", "alsologtostderr", "log_dir", "stderrthreshold", "showprefixforinfo",
+    "logger_levels", "only_check_args", "pdb", "pdb_post_mortem", "run_with_pdb",
+    "run_with_profiling", "profile_file", "use_cprofile_for_profiling"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,13 +90,19 @@ class Method:
   # in --methods on a model without it is refused before calibration.
   needs: tuple[str, Callable[[Any], bool]] | None = None
 
+  def no_points(self) -> GSIError:
+    """The error for a method asked to run that makes no point with the run's settings."""
+    return GSIError(f"method {self.name} makes no point with these settings (its knobs: "
+                    f"{', '.join(k.name for k in self.knobs) or 'none'}, and --k); give its "
+                    f"knobs values, or drop {self.name} from --methods")
+
 
 REGISTRY: dict[str, Method] = {}
 
 
 def register(method: Method) -> Method:
-  """Add a method; its name must be new, and a knob it shares with another method must be
-  the same Knob (one flag, one meaning)."""
+  """Add a method; its name must be new, a knob it shares with another method must be
+  the same Knob (one flag, one meaning), and no knob may take a flag a script already has."""
   if method.name in REGISTRY:
     raise GSIError(f"a method named {method.name} is already registered")
   missing = set(PLATFORMS) - set(method.fast_path)
@@ -95,6 +113,9 @@ def register(method: Method) -> Method:
                    "registered (register it first)")
   known = knobs()
   for knob in method.knobs:
+    if knob.name in TAKEN_FLAGS:
+      raise GSIError(f"method {method.name}: knob --{knob.name} would clash with the flag "
+                     f"--{knob.name} that experiments/pareto.py already has; rename the knob")
     if knob.name in known and known[knob.name] is not knob:
       raise GSIError(f"method {method.name}: knob --{knob.name} is already declared "
                      "differently by another method")
