@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi import solvers
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
@@ -59,8 +59,7 @@ def svd_truncate(params, svds: dict, rank: int):
   """Params with each map at its whitened rank-r: two thin maps x A B, A (d, r) and
   B (r, O), where r (d + O) < d O, else the kernel W_r = A B itself (so the model
   reads what `metrics.bytes.svd_bytes` counts)."""
-  if rank <= 0:
-    raise GSIError(f"SVD rank must be positive, got {rank}")
+  rank = whole("SVD rank", rank)
   out = jax.tree.map(lambda x: x, params)
   for (layer, site, name), (unwhiten, US, Vt, dtype) in svds.items():
     r = min(rank, Vt.shape[0])
@@ -161,8 +160,8 @@ def weight_factors(params, rank, svds: dict | None = None, width: dict | None = 
   rank: one r for every map, or {layer: {site: {map: r}}} (a per-layer recipe, where
   r may be 0).  width, nested alike: zero columns pad each factor to it, which leaves
   x A B unchanged, so recipes of different ranks share one compiled program."""
-  if isinstance(rank, int) and rank <= 0:
-    raise GSIError(f"R-Sparse rank must be positive, got {rank}")
+  if not isinstance(rank, dict):
+    rank = whole("R-Sparse rank", rank)
   svds = weight_svds(params) if svds is None else svds
   out = params
   for layer, sites in P.site_kernels(params).items():
@@ -170,9 +169,9 @@ def weight_factors(params, rank, svds: dict | None = None, width: dict | None = 
       A, B = {}, {}
       for name in kernels:
         US, Vt, dtype = svds[layer, site, name]
-        r = min(rank if isinstance(rank, int) else rank[layer][site][name], len(Vt))
-        if r < 0:
-          raise GSIError(f"R-Sparse rank of {layer}/{site}/{name} must be >= 0, got {r}")
+        r = min(rank if isinstance(rank, int) else
+                whole(f"R-Sparse rank of {layer}/{site}/{name}", rank[layer][site][name], 0),
+                len(Vt))
         w = r if width is None else width[layer][site][name]
         if w < r:
           raise GSIError(f"{layer}/{site}/{name}: factor width {w} is below its rank {r}")

@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 
 PYDOC_CALIB = "pydoc:calibration"
 PYDOC_EVAL = "pydoc:evaluation"
@@ -135,8 +135,8 @@ def _hf_dataset_text(spec: str) -> str:
 def windows(model, source: str, seq_len: int, max_tokens: int | None = None,
             flag: str = "text source") -> TokenWindows:
   """Tokenize `source` and cut it into non-overlapping windows of seq_len."""
-  if seq_len < 2:
-    raise GSIError(f"seq_len must be >= 2, got {seq_len}")
+  seq_len = whole("seq_len", seq_len, 2)
+  max_tokens = None if max_tokens is None else whole(f"{flag}: max_tokens", max_tokens)
   if max_tokens is not None and max_tokens < seq_len:
     raise GSIError(f"{flag}: {max_tokens} tokens is less than one window of {seq_len}")
   text = load_text(source, flag)

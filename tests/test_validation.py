@@ -5,6 +5,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import GSIError
+from gsi_jax import GSIError, peers
 from gsi_jax.gsi import fingerprint
 from gsi_jax.gsi.cache import cached_bases
 from gsi_jax.text import TokenWindows
@@ -339,14 +340,43 @@ def test_bad_calibration_ids_are_refused(llama):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer >= 1, got 2.5"),
-    ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be a whole number, got 2.5"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
     ({"max_new_tokens": 2, "gate": 0.5}, "gate must be a gsi_jax.ops.Gate"),
     ({"max_new_tokens": 10**12}, "a KV cache for 1 x .* tokens needs .* GiB"),
 ])
 def test_bad_generate_arguments_are_refused(llama, kwargs, message):
   with pytest.raises(GSIError, match=message):
     llama.generate(llama.params, [[1, 2]], **kwargs)
+
+
+@pytest.mark.parametrize("bad", [4.5, 4.0, True, "4", None])
+def test_whole_number_arguments_refuse_floats_bools_and_strings(llama, bad):
+  """int() would take k=4.5 as 4 and k=True as 1: every rank, count and layer argument of
+  the public API refuses what is not a whole number, and names the argument."""
+  bases = gsi_jax.calibrate(llama, llama.params, CALIB, 8, seq_len=16, progress=False)
+  gsi = gsi_jax.apply_gsi(llama.params, bases, 4)
+  layer, site = next((l, s) for l, sites in bases.vectors.items() for s in sites)
+  calls = {
+      "k": lambda: gsi_jax.apply_gsi(llama.params, bases, bad),
+      "output_sketch": lambda: gsi_jax.apply_gsi(llama.params, bases, 4, output_sketch=bad),
+      "ladder rank": lambda: gsi_jax.apply_gsi(llama.params, bases, 4, ladder=(bad,)),
+      f"{layer}/{site}: rank": lambda: gsi_jax.truncate_ranks(gsi, {layer: {site: bad}}),
+      "k_max": lambda: gsi_jax.calibrate(llama, llama.params, CALIB, bad, seq_len=16),
+      "seq_len": lambda: gsi_jax.calibrate(llama, llama.params, CALIB, 8, seq_len=bad),
+      "batch_size": lambda: gsi_jax.calibrate(llama, llama.params, CALIB, 8, seq_len=16,
+                                              batch_size=bad),
+      "head k": lambda: gsi_jax.head_basis(llama, llama.params, CALIB.reshape(-1, 16), bad),
+      "max_new_tokens": lambda: llama.generate(llama.params, [[1, 2]], bad),
+      "n_layers": lambda: gsi_jax.load_model(llama.source, n_layers=bad),
+      "SVD rank": lambda: peers.svd_truncate(llama.params, {}, bad),
+      "R-Sparse rank": lambda: peers.weight_factors(llama.params, bad, svds={}),
+  }
+  for name, call in calls.items():
+    if bad is None and name == "n_layers":  # None: every layer
+      continue
+    with pytest.raises(GSIError, match=re.escape(f"{name} must be a whole number, got {bad!r}")):
+      call()
 
 
 # Experiment settings fail before any compute.

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gsi_jax import distributed, sharding
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
 from gsi_jax.gsi.checkpoint import LayerProgress, exclusive
@@ -237,6 +237,8 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   mesh: shard the weights by columns (as sharding.shard_params) and the Gram
   matrices by rows across its devices.
   """
+  k_max, seq_len = whole("k_max", k_max), whole("seq_len", seq_len, 2)
+  batch_size = whole("batch_size", batch_size)
   _check_method(method, k_max)
   token_ids = np.asarray(model.ids(token_ids, "calibration ids", 1 if np.ndim(token_ids) == 1
                                    else 2))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi.calibration import gram_matrices
 from gsi_jax.gsi.solvers import top_eigenpairs
 from gsi_jax.models import params as P
@@ -22,6 +22,7 @@ from gsi_jax.models import params as P
 def head_basis(model, params, windows_NT: np.ndarray, k_max: int,
                progress: bool = False) -> tuple[np.ndarray, np.ndarray, float]:
   """(V_DK, top energies, total energy) of the head's input over the calibration windows."""
+  k_max = whole("head k", k_max, None)
   G = gram_matrices(model, params, windows_NT, progress=progress,
                     collection=P.HEAD_INPUTS)[P.LM_HEAD]
   G = (np.asarray(G, np.float64) + np.asarray(G, np.float64).T) / 2
@@ -36,6 +37,7 @@ def apply_gsi_head(params, V_DK: np.ndarray, k: int):
   zeros to a multiple of P.HEAD_COLUMNS: a vocabulary such as GPT-2's 50257 would otherwise
   start every row of M unaligned, and a GPU kernel reads it with scalar loads."""
   W_DV = P.head_kernel(params)
+  k = whole("head k", k, None)
   if V_DK.shape[0] != W_DV.shape[0]:
     raise GSIError(f"head basis is {V_DK.shape[0]}-wide, the head reads {W_DV.shape[0]}; "
                    "calibrate the head of this model")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.models import params as P
 
@@ -17,7 +17,7 @@ def site_rank(k: int, d: int) -> int:
 
 
 def check_k(params, k: int, name: str = "k") -> int:
-  k = int(k)
+  k = whole(name, k, None)
   if k <= 0 or k > P.widest_site(params):
     raise GSIError(f"{name} must be in 1..{P.widest_site(params)} (the widest site), got {k}")
   return k
@@ -55,7 +55,8 @@ def apply_gsi(params, bases: Bases, k: int, output_sketch: int = 0, seed: int = 
   whose residual passes the gate (the bases are nested prefixes).
   """
   k = check_k(params, k)
-  ladder = tuple(int(r) for r in ladder)
+  output_sketch, seed = whole("output_sketch", output_sketch, 0), whole("seed", seed, None)
+  ladder = tuple(whole("ladder rank", r) for r in ladder)
   if any(r <= 0 or r >= k for r in ladder) or list(ladder) != sorted(set(ladder)):
     raise GSIError(f"ladder ranks must increase strictly and lie in 1..{k - 1} (below k), "
                    f"got {list(ladder)}")
@@ -110,7 +111,7 @@ def truncate_ranks(gsi_params, ranks: dict):
         raise GSIError(f"{layer}/{site} has no V_k: apply_gsi first")
       if P.LADDER in node or P.SKETCH in node:
         raise GSIError(f"{layer}/{site}: ranks cut V_k and M only, not a ladder or a sketch")
-      if not 0 <= k <= node[P.V].shape[1]:
+      if not 0 <= whole(f"{layer}/{site}: rank", k, 0) <= node[P.V].shape[1]:
         raise GSIError(f"{layer}/{site}: rank {k} is outside 0..{node[P.V].shape[1]}, the "
                        "width of its V_k")
       out = P.with_site(out, layer, site, {P.V: node[P.V][:, :k],

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax import sharding
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.loading import gguf_file, mapping
 from gsi_jax.loading.hf_config import config_from_hf
 from gsi_jax.models.config import ModelConfig
@@ -109,7 +109,7 @@ def first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
   """The model cut to its first n_layers blocks (None: all), to profile a layer shape."""
   if n_layers is None:
     return config
-  if not 1 <= n_layers <= config.n_layers:
+  if not 1 <= whole("n_layers", n_layers, None) <= config.n_layers:
     raise GSIError(f"n_layers must be in 1..{config.n_layers} for this model, got {n_layers}")
   return dataclasses.replace(config, n_layers=n_layers)
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
 from gsi_jax.models import params as P
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
@@ -209,9 +209,7 @@ class Model:
     reads: per site the fast share ("fast_share_by_layer") and the mean (V columns,
     M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
     """
-    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) \
-        or max_new_tokens < 1:
-      raise GSIError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    whole("max_new_tokens", max_new_tokens)
     check_gate(gate)
     ids = self.ids(input_ids, "the prompt")
     if ids.shape[1] == 0:
