@@ -5,9 +5,12 @@
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 3 minutes
 # Each step runs on its own under a time limit, so one that fails hides none of the others;
-# each leaves a log.  Writes to ${OUT:-results/benchmarks/gpu} (dry: ${OUT:-/tmp/gpu_check_dry})
-# and ends with gpu_summary.json there, whose bandwidth shares are of the read ceiling that
-# step 1 measures.  PYTHON: the interpreter (default python3).
+# each leaves a log.  Writes to ${OUT:-results/benchmarks/gpu} (dry: ${OUT:-/tmp/gpu_check_dry}),
+# first removing what an earlier run's steps left there, and ends with gpu_summary.json
+# there, made from this run's files alone, whose bandwidth shares are of the read ceiling
+# that step 1 measures.  Exit status 0 only when every step and the summary passed; else 1,
+# with one `error:` line naming the failed steps (2: the output folder cannot be written).
+# PYTHON: the interpreter (default python3).
 set -uo pipefail
 DRY=${GPU_CHECK_DRY:-0}
 PY=${PYTHON:-python3}
@@ -26,8 +29,17 @@ else
   SCALE=(--shape gptj-6b --calib_tokens 2048 --seq_len 256 --k 256 --decode_k 256
          --new_tokens 32 --repeats 3 --decode_layers 28)
 fi
-mkdir -p "$OUT_DIR"
+if ! mkdir -p "$OUT_DIR" 2> /dev/null || [ ! -w "$OUT_DIR" ]; then
+  echo "error: gpu_check cannot write to its output folder $OUT_DIR; set OUT to a writable folder" >&2
+  exit 2
+fi
+# An earlier run's files would read as this run's: remove each step's JSON and log first.
+STEP_NAMES=(kernel_check kernel_tests kernel_timing kernel_tiles kernel_kept scale)
+for name in "${STEP_NAMES[@]}"; do rm -f "$OUT_DIR/$name.log"; done
+rm -f "$OUT_DIR"/{kernel_check,kernel_timing,kernel_tiles,kernel_kept,scale_gptj_6b,gpu_summary}.json \
+  "$OUT_DIR/gpu.txt"
 : > "$OUT_DIR/steps.txt"
+FAILED=()
 { command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
   $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
@@ -41,6 +53,7 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status sec
   rc=$?
   echo "$name $rc $(( $(date +%s) - start ))" >> "$OUT_DIR/steps.txt"
   echo "== $name: exit $rc"; tail -n 3 "$OUT_DIR/$name.log"
+  [ "$rc" = 0 ] || FAILED+=("$name")
 }
 
 # 1. The read ceiling (a sum over 2 GiB and a copy), then the kernel against its HIGHEST
@@ -71,5 +84,10 @@ step kernel_kept 40 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
 step scale 280 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
     --dtype bfloat16 --decode_dtype bfloat16 --method cascade \
     --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
-timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR"
-echo "gpu_check done: $OUT_DIR/gpu_summary.json"
+timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR" || FAILED+=(summary)
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "error: gpu_check: ${#FAILED[@]} failed (${FAILED[*]}); their logs: $OUT_DIR/NAME.log," \
+    "their status: $OUT_DIR/steps.txt" >&2
+  exit 1
+fi
+echo "gpu_check done, every step passed: $OUT_DIR/gpu_summary.json"

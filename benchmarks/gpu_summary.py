@@ -30,9 +30,16 @@ _OUT = flags.DEFINE_string("out", None, "JSON output (default: DIR/gpu_summary.j
 STEPS = "steps.txt"
 CHECK, TIMING, TILES, KEPT, SCALE = ("kernel_check.json", "kernel_timing.json",
                                      "kernel_tiles.json", "kernel_kept.json", "scale_gptj_6b.json")
+STEP_OF = {CHECK: "kernel_check", TIMING: "kernel_timing", TILES: "kernel_tiles",
+           KEPT: "kernel_kept", SCALE: "scale"}
 
 
-def _read(folder: str, name: str):
+def _read(folder: str, name: str, ran: dict):
+  """A step's JSON, once steps.txt says this run ran that step (a file an earlier run left
+  is not this run's)."""
+  step = STEP_OF[name]
+  if step not in ran:
+    return {"missing": f"{name}: step {step} did not run (steps.txt)"}
   try:
     with open(os.path.join(folder, name), encoding="utf-8") as f:
       return json.load(f)
@@ -112,19 +119,21 @@ def scale_figures(scale: dict, ceiling) -> dict:
 
 
 def summarise(folder: str, nominal: float) -> dict:
-  check = _read(folder, CHECK)
+  ran = steps(folder)
+  check = _read(folder, CHECK, ran)
   measured = check.get("ceiling", {})
   ceiling = measured.get("ceiling_gb_s")
-  tiles = _read(folder, TILES)
+  tiles = _read(folder, TILES, ran)
   return {"ceiling_gb_s": ceiling, "ceiling": measured or {"missing": check.get(
               "missing", "kernel_check.json has no ceiling part")},
           "nominal_gb_s": nominal,
           "ceiling_of_nominal": _share(ceiling, nominal) if ceiling else None,
-          "steps": steps(folder), "correctness": correctness(check),
-          "kernel_calls": kernel_rows(_read(folder, TIMING), ceiling),
+          "steps": ran, "failed_steps": [name for name, s in ran.items() if not s["passed"]],
+          "correctness": correctness(check),
+          "kernel_calls": kernel_rows(_read(folder, TIMING, ran), ceiling),
           "tiles": kernel_rows(tiles, ceiling), "best_tile": best_tile(tiles.get("tiles")),
-          "kept_calls": kernel_rows(_read(folder, KEPT), ceiling),
-          "gptj_6b_shape": scale_figures(_read(folder, SCALE), ceiling)}
+          "kept_calls": kernel_rows(_read(folder, KEPT, ran), ceiling),
+          "gptj_6b_shape": scale_figures(_read(folder, SCALE, ran), ceiling)}
 
 
 def main(argv):

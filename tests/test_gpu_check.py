@@ -80,6 +80,70 @@ def test_summary_reports_missing_steps(tmp_path):
                         "is not a folder")
 
 
+FAILING_PYTHON = """#!/bin/sh
+# Every step fails; the summary runs (unless SUMMARY_FAILS is set).
+case "$*" in *gpu_summary.py*) [ -z "$SUMMARY_FAILS" ] && exec {python} "$@";; esac
+echo "failed on purpose" >&2
+exit 3
+"""
+
+
+def _gpu_check(out, python=sys.executable, **env):
+  return subprocess.run(["bash", "benchmarks/gpu_check.sh"], capture_output=True, text=True,
+                        cwd=ROOT, timeout=120, env={**os.environ, "GPU_CHECK_DRY": "1",
+                                                    "OUT": str(out), "PYTHON": python, **env})
+
+
+@pytest.mark.parametrize("summary_fails", [False, True])
+def test_failed_steps_fail_the_check_and_leave_no_stale_summary(tmp_path, summary_fails):
+  """An earlier run's summary and step files are removed first; failures exit 1 with one
+  error line naming them, and the summary is made from this run's files alone."""
+  python = tmp_path / "python"
+  python.write_text(FAILING_PYTHON.format(python=sys.executable))
+  python.chmod(0o755)
+  out = tmp_path / "out"
+  out.mkdir()
+  stale = {"ceiling": {"ceiling_gb_s": 3286.0}, "correct": []}
+  for name in ("gpu_summary.json", "kernel_check.json", "kernel_timing.json"):
+    (out / name).write_text(json.dumps(stale))
+  proc = _gpu_check(out, str(python), **({"SUMMARY_FAILS": "1"} if summary_fails else {}))
+  failed = STEPS + (["summary"] if summary_fails else [])
+  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert errors == [f"error: gpu_check: {len(failed)} failed ({' '.join(failed)}); their logs: "
+                    f"{out}/NAME.log, their status: {out}/steps.txt"], proc.stderr[-2000:]
+  assert "gpu_check done" not in proc.stdout
+  assert not (out / "kernel_check.json").exists() and not (out / "kernel_timing.json").exists()
+  if summary_fails:
+    assert not (out / "gpu_summary.json").exists()
+    return
+  s = json.loads((out / "gpu_summary.json").read_text())
+  assert s["failed_steps"] == STEPS and not any(step["passed"] for step in s["steps"].values())
+  assert s["ceiling_gb_s"] is None and "No such file" in s["ceiling"]["missing"]
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_error_line(tmp_path):
+  (tmp_path / "file").write_text("")
+  proc = _gpu_check(tmp_path / "file" / "out")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.splitlines() == [
+      f"error: gpu_check cannot write to its output folder {tmp_path}/file/out; set OUT to a "
+      "writable folder"]
+
+
+def test_the_summary_reads_only_the_steps_this_run_ran(tmp_path):
+  """A step's JSON left in the folder by another run is not read when steps.txt does not
+  list that step."""
+  (tmp_path / "steps.txt").write_text("kernel_check 0 10\n")
+  (tmp_path / "kernel_timing.json").write_text(json.dumps({"timing": []}))
+  proc = run_benchmark("gpu_summary.py", [f"--dir={tmp_path}"])
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  s = json.loads((tmp_path / "gpu_summary.json").read_text())
+  assert s["kernel_calls"] == {"missing": "kernel_timing.json: step kernel_timing did not run "
+                               "(steps.txt)"}
+  assert s["failed_steps"] == [] and "No such file" in s["correctness"]["missing"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--parts=ceiling,speed"], "--parts takes a list of"),
     (["--maps=4096"], "is not 2 positive whole numbers"),
@@ -145,6 +209,8 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
   made = json.loads((tmp_path / "s.json").read_text())
   committed = json.loads(open(os.path.join(H200, "gpu_summary.json")).read())
   made.pop("run"), committed.pop("run")
+  # The committed summary predates this field: the steps that did not pass.
+  assert made.pop("failed_steps") == ["kernel_check", "kernel_tests", "scale"]
   for summary in (made, committed):  # scale never wrote its JSON: the message names a path
     summary["gptj_6b_shape"]["missing"] = os.path.basename(
         summary["gptj_6b_shape"]["missing"])
