@@ -15,7 +15,7 @@ import pytest
 
 import gsi_jax
 from gsi_jax import GSIError, peers
-from gsi_jax.gsi import fingerprint
+from gsi_jax.gsi import checkpoint, fingerprint
 from gsi_jax.gsi.cache import cached_bases
 from gsi_jax.text import TokenWindows
 from tests.test_load_errors import tiny_with
@@ -231,6 +231,26 @@ def test_the_cache_restores_only_what_this_run_would_calibrate(tiny_folder, tmp_
   assert not restored
   entries = sorted(p for p in os.listdir(tmp_path / "bases") if not p.endswith(".lock"))
   assert len(entries) == 3
+
+
+def test_a_read_only_cache_is_read_and_refused_only_when_calibration_must_write(
+    tiny_folder, tmp_path, caplog, monkeypatch):
+  """A shared cache this run cannot write (read-only: root's permissions say yes, so the
+  write probe is made to fail) serves the bases it holds; a run that would have to
+  calibrate into it is refused before calibrating."""
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  first, _ = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  monkeypatch.setattr(checkpoint, "can_create_in", lambda folder: False)
+  again, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  assert restored and "read-only bases cache: restored" in caplog.text
+  for layer, sites in first.vectors.items():
+    for site, V in sites.items():
+      np.testing.assert_array_equal(again.vectors[layer][site], V)
+  with pytest.raises(GSIError, match=re.escape("is not writable; pass a writable --bases_dir "
+                                               "(or '' to skip the cache); it holds no bases "
+                                               "for this run to read instead")):
+    _run_cached(model, model.params, CALIB, tmp_path, caplog, seq_len=32)
+  assert len([p for p in os.listdir(tmp_path / "bases") if not p.endswith(".lock")]) == 1
 
 
 def test_edited_metadata_is_caught_and_recalibrated(tiny_folder, tmp_path, caplog):

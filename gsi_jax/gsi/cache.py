@@ -5,7 +5,9 @@ architecture, the compute dtype, the calibration windows (ids and shape) and the
 solver.  A restored checkpoint must also carry that identity in its checksummed
 metadata, so neither a key collision nor an edited checkpoint hands on bases
 calibrated for something else.  Runs that share a cache entry take turns
-(`checkpoint.exclusive`): the second restores what the first calibrated.
+(`checkpoint.exclusive`): the second restores what the first calibrated.  A cache this
+run cannot write (a cluster's shared, read-only one) is read: it is refused only when it
+holds no bases for this run, since only a calibration would write.
 """
 
 from __future__ import annotations
@@ -60,7 +62,13 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
     return _calibrate(model, params, windows, k_max, method, None, mesh)
   identity = calibration_identity(model, params, windows.ids)
   path = bases_path(bases_dir, model.config.name or model.config.family, identity, method)
-  check_writable(path)  # before the calibration, not after it
+  try:
+    check_writable(path)  # before the calibration, not after it
+  except GSIError as e:
+    bases = _read_only(path, identity, method, k_max)
+    if bases is None:
+      raise GSIError(f"{e}; it holds no bases for this run to read instead") from None
+    return bases
   with exclusive(path):  # a second run waits, then restores what this one saved
     bases = _restore(path, identity, method, k_max) if os.path.isdir(path) else None
     distributed.same_as_primary(int(bases is not None), "cached bases", path)
@@ -71,6 +79,16 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
       if distributed.is_primary():
         shutil.rmtree(progress, ignore_errors=True)
       logging.info("bases saved to %s", path)
+  return bases
+
+
+def _read_only(path: str, identity: dict, method: str, k_max: int) -> Bases | None:
+  """This run's bases from a cache it cannot write, or None."""
+  with exclusive(path, create=False):  # a writer elsewhere may be saving them
+    bases = _restore(path, identity, method, k_max) if os.path.isdir(path) else None
+  distributed.same_as_primary(int(bases is not None), "cached bases", path)
+  if bases is not None:
+    logging.info("read-only bases cache: restored from %s", path)
   return bases
 
 
