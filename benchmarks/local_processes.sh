@@ -4,7 +4,10 @@
 #   benchmarks/local_processes.sh 4 benchmarks/scale.py --shape gptj-6b --checkpoint DIR ...
 #
 # Each process gets --coordinator_address, --num_processes and its --process_id; the exit
-# status is the first non-zero one of the processes (0 when all succeed).
+# status is the first non-zero one of the processes (0 when all succeed).  SIGINT (Ctrl-C)
+# and SIGTERM (timeout, a scheduler) are passed on to every process, each of which ends
+# with its `interrupted:` line and writes nothing; this script then waits for all of them
+# and exits 130 or 143.
 set -euo pipefail
 if [[ $# -lt 2 || ! $1 =~ ^[1-9][0-9]*$ ]]; then
   echo "error: usage: $0 N SCRIPT [FLAGS...]  (N >= 1 processes)" >&2
@@ -14,6 +17,16 @@ n=$1; shift
 python=${PYTHON:-.venv/bin/python}
 port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
+
+interrupt() {  # interrupt SIGNAL STATUS: pass the signal on, wait for every process, exit
+  trap '' INT TERM
+  kill -s "$1" "${pids[@]}" 2> /dev/null || true
+  for pid in "${pids[@]}"; do wait "$pid" || true; done
+  exit "$2"
+}
+trap 'interrupt INT 130' INT
+trap 'interrupt TERM 143' TERM
+
 for ((i = 0; i < n; i++)); do
   "$python" "$@" --coordinator_address="127.0.0.1:$port" --num_processes="$n" --process_id="$i" &
   pids+=($!)

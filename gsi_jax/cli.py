@@ -1,14 +1,18 @@
 """absl entry points: flags → a frozen config → one library call → write.
 
 Nothing here registers flags on import: a script calls `define_experiment_flags()`
-(or defines its own) at its top level.  Bad input exits 2 with one `error:` line.
+(or defines its own) at its top level.  Bad input exits 2 with one `error:` line; Ctrl-C
+(SIGINT) or SIGTERM ends a run with one `interrupted:` line and exit status 130 or 143,
+before it writes its outputs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Callable
 
@@ -23,8 +27,42 @@ FLAGS = flags.FLAGS
 
 
 def fail(message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
+  distributed.say(f"error: {message}")
   distributed.leave(2)
+
+
+INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
+_interrupted = threading.Event()
+_interrupt_status = [130]
+
+
+def _interrupt(signum, frame):
+  """The first SIGINT or SIGTERM interrupts the main thread; later ones are ignored, so
+  that ending the run is not itself interrupted."""
+  del frame
+  if _interrupted.is_set():
+    return
+  _interrupted.set()
+  _interrupt_status[0] = INTERRUPTED_STATUS[signum]
+  raise KeyboardInterrupt
+
+
+def handle_signals(restore: bool) -> None:
+  """SIGINT and SIGTERM interrupt the run.  A disposition the process inherited as ignored
+  (a background job of a non-interactive shell ignores SIGINT) stays, unless `restore`: a
+  supervised worker, whose supervisor forwards the signals it is sent, takes both.  Called
+  again once the processes have joined: jaxlib's preemption notifier takes SIGTERM then."""
+  for signum in INTERRUPTED_STATUS:
+    if restore or signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler,
+                                               _interrupt):
+      signal.signal(signum, _interrupt)
+
+
+def _end_interrupted() -> None:
+  status = _interrupt_status[0]
+  distributed.report_interrupt(status)
+  distributed.say(interrupted_message())
+  distributed.leave(status)
 
 
 def _parse(argv):
@@ -71,12 +109,15 @@ def _supervise(config: distributed.ProcessConfig) -> int:
   out = FLAGS["out"].value if "out" in FLAGS else None
   script = os.path.splitext(os.path.basename(sys.argv[0]))[0]
   return supervisor.supervise(process, config.num_processes,
-                              supervisor.log_path(out, script, process))
+                              supervisor.log_path(out, script, process),
+                              config.coordinator_address)
 
 
 def _join(config: distributed.ProcessConfig) -> None:
   """Join the other processes, then refuse any whose flags differ from process 0's."""
   distributed.initialize(config)
+  handle_signals(restore=supervisor.is_child())
+  distributed.check_count(config.num_processes)
   own = {"process_id", "coordinator_address", "num_processes", "distributed_auto"}
   ours = {f.name: f.value for module, defined in FLAGS.flags_by_module_dict().items()
           if not module.startswith("absl") for f in defined if f.name not in own}
@@ -93,6 +134,7 @@ def run(main: Callable, one_process: str | None = None) -> None:
   sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
   if supervisor.is_child():
     supervisor.bind_to_supervisor()
+  handle_signals(restore=supervisor.is_child())
   define_process_flags()
   if any(a in ("--help", "-h", "--helpfull", "-?") for a in sys.argv[1:]):
     print((sys.modules["__main__"].__doc__ or "").strip() + "\n")
@@ -115,24 +157,30 @@ def run(main: Callable, one_process: str | None = None) -> None:
     if config.joins and not supervisor.is_child():
       sys.exit(_supervise(config))
     try:
-      _join(config)
-      main(argv)
-    except GSIError as e:
-      distributed.report_failure(str(e))
-      fail(str(e))
+      try:
+        _join(config)
+        main(argv)
+      except GSIError as e:
+        distributed.report_failure(str(e))
+        fail(str(e))
+      except Exception as e:  # a peer gone, or a bug: its traceback, and the others told to end
+        if not distributed.joined():
+          raise
+        if _interrupted.is_set():  # this process's own signal, while the runtime held it
+          raise KeyboardInterrupt from None
+        peer = distributed.interrupted_peer()  # a peer interrupted, and gone
+        if peer:
+          distributed.say(peer[0])
+          distributed.leave(peer[1])
+        lost = distributed.lost_peer(e)
+        if lost:
+          fail(lost)
+        distributed.report_failure(f"{type(e).__name__}: {e}")
+        if not distributed.has_said():  # else this process already said why it ends
+          traceback.print_exc()
+        distributed.leave(1)
     except KeyboardInterrupt:
-      distributed.report_failure("interrupted")
-      print(interrupted_message(), file=sys.stderr)
-      distributed.leave(130)
-    except Exception as e:  # a peer gone, or a bug: its traceback, and the others told to end
-      if not distributed.joined():
-        raise
-      lost = distributed.lost_peer(e)
-      if lost:
-        fail(lost)
-      distributed.report_failure(f"{type(e).__name__}: {e}")
-      traceback.print_exc()
-      distributed.leave(1)
+      _end_interrupted()
   app.run(wrapped, flags_parser=_parse)
 
 

@@ -6,23 +6,31 @@ GPUs) cross processes.  Without a coordinator, and without `auto`, a run is one
 process exactly as before.  Three things are added to what `jax.distributed` does:
 
 - `agree` refuses, before any compute, processes started with different settings
-  (another k, model or eps would make their collectives wait on each other forever).
+  (another k, model or eps would make their collectives wait on each other forever), and
+  `check_count` a process whose --num_processes is not the run's; process 0 refuses a
+  coordinator port that another program holds before the runtime tries it.
 - A watchdog ends every process within `timeout_s` with one `error:` line when a
   peer never joins, stops answering, or fails.  JAX's own fate-sharing would end them
   too, a little later, but through a C++ abort and its stack trace (which is all that
   remains when process 0 dies: `gsi_jax.supervisor` turns that into one line).
 - `host_copy` and `is_primary`: whole host values of sharded arrays, and one writer.
+
+However a process ends, it says one line: `say` prints the first `error:` or
+`interrupted:` line of this process and drops any later one (the watchdog's thread and
+a failed collective can both find the same failure).
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import socket
 import sys
 import threading
 import time
@@ -36,6 +44,7 @@ PULSE_S = 1.0  # how often each process says it is alive
 _KEY = "gsi_jax/"
 _joined = threading.Event()  # set once this process has joined the others
 _leaving = threading.Event()  # set once this process is on its way out: one error line only
+_said = threading.Lock()  # held once this process has said its one closing line
 _ADDRESS = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:(\d{1,5})$")
 
 
@@ -69,10 +78,34 @@ class ProcessConfig:
     return bool(self.coordinator_address) or self.auto
 
 
+def check_port_free(address: str) -> None:
+  """Process 0 hosts the runtime's coordination service on every interface at the port of
+  `address`; a port that another program holds would end it in a C++ error or a crash."""
+  port = int(_ADDRESS.match(address).group(1))
+  for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+    try:
+      probe = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:  # no IPv6 on this host: the IPv4 probe decides
+      continue
+    with probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        probe.bind((host, port))
+      except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+          continue
+        raise GSIError(f"port {port} of --coordinator_address {address} is in use by another "
+                       "program on this host, where process 0 hosts the run's coordinator; "
+                       "pick a free port and give it to every process") from None
+      return
+
+
 def initialize(config: ProcessConfig) -> None:
   """Join the other processes (a no-op for one process), then watch them."""
   if not config.joins or jax.distributed.is_initialized():
     return
+  if config.coordinator_address and config.process_id == 0:
+    check_port_free(config.coordinator_address)
   # Collectives between CPU devices go through gloo (GPUs use NCCL/RCCL regardless).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   run = (f"the {config.num_processes}-process run at {config.coordinator_address}"
@@ -81,7 +114,7 @@ def initialize(config: ProcessConfig) -> None:
   # JAX's own limits sit behind ours, so that our watchdog speaks first.
   joining = _deadline(config.timeout_s, f"not every process joined {run} within "
                       f"{config.timeout_s} s; start each one with the same "
-                      "--coordinator_address and --num_processes")
+                      "--coordinator_address and --num_processes, and its own --process_id")
   try:
     jax.distributed.initialize(
         config.coordinator_address or None, config.num_processes, config.process_id,
@@ -124,6 +157,15 @@ def agree(settings: dict) -> None:
                    "process 0; start every process with the same flags")
 
 
+def check_count(num_processes: int | None) -> None:
+  """Refuse a process started with another --num_processes than process 0 (the runtime
+  takes process 0's count and would run on without it)."""
+  if num_processes is not None and num_processes != jax.process_count():
+    raise GSIError(f"process {jax.process_index()} was started with --num_processes="
+                   f"{num_processes}, but process 0 runs {jax.process_count()} processes; start "
+                   "every process with the same --num_processes")
+
+
 def host_copy(x) -> np.ndarray:
   """The whole value of an array on this host, also when other processes hold parts of it."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
@@ -148,11 +190,25 @@ def same_as_primary(value: int, what: str, where: str) -> None:
                    "every process shares")
 
 
-def _fail(message: str) -> None:
+def say(line: str) -> bool:
+  """Print this process's one closing line (`error: ...` or `interrupted: ...`); False, and
+  nothing printed, when it has said one already."""
+  if not _said.acquire(blocking=False):
+    return False
+  _leaving.set()
+  print(line, file=sys.stderr, flush=True)
+  return True
+
+
+def has_said() -> bool:
+  return _said.locked()
+
+
+def _fail(message: str, status: int = 2) -> None:
   if _leaving.is_set():  # already leaving, with its own line
     return
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  leave(2)
+  if say(message if message.startswith("interrupted: ") else f"error: {message}"):
+    leave(status)
 
 
 def leave(status: int) -> None:
@@ -221,11 +277,15 @@ class _Watchdog(threading.Thread):
         alive = dict(client.key_value_dir_get(f"{_KEY}alive/"))
         done = {k.rsplit("/", 1)[-1] for k, _ in client.key_value_dir_get(f"{_KEY}done/")}
         failed = dict(client.key_value_dir_get(f"{_KEY}failed/"))
+        interrupted = dict(client.key_value_dir_get(f"{_KEY}interrupted/"))
       except Exception as e:  # noqa: BLE001
         if self.stopped.is_set():
           return
         _fail(f"lost the coordinator (process 0) of this {self.n}-process run "
               f"({type(e).__name__}); it stopped or cannot be reached")
+      for key, status in interrupted.items():
+        if key.rsplit("/", 1)[-1] != str(self.me):
+          _fail(interrupted_line(int(key.rsplit("/", 1)[-1]), self.n), int(status))
       for key, message in failed.items():
         if key.rsplit("/", 1)[-1] != str(self.me):
           _fail(f"process {key.rsplit('/', 1)[-1]} failed: {message}")
@@ -252,6 +312,36 @@ def lost_peer(error: BaseException) -> str | None:
     return None
   return (f"another process of this {jax.process_count()}-process run went away during a "
           f"collective ({found.group(1)}: {found.group(2)}); every process of the run ends")
+
+
+def interrupted_line(process: int, n: int) -> str:
+  return (f"interrupted: process {process} of this {n}-process run was interrupted (Ctrl-C or "
+          "SIGTERM); every process of the run ends, and none writes its outputs")
+
+
+def report_interrupt(status: int) -> None:
+  """Tell the other processes that this one was interrupted (exit status 130 or 143), so
+  that each ends as interrupted too, not as failed."""
+  _leaving.set()
+  if joined():
+    try:
+      _client().key_value_set(f"{_KEY}interrupted/{jax.process_index()}", str(status),
+                              allow_overwrite=True)
+    except Exception:  # noqa: BLE001
+      pass
+
+
+def interrupted_peer() -> tuple[str, int] | None:
+  """(the line to say, the exit status to leave with) when a peer was interrupted."""
+  if not joined():
+    return None
+  try:
+    found = _client().key_value_dir_get(f"{_KEY}interrupted/")
+  except Exception:  # noqa: BLE001  the coordinator may be gone already
+    return None
+  peers = sorted((int(k.rsplit("/", 1)[-1]), int(v)) for k, v in found)
+  peer = next((p for p in peers if p[0] != jax.process_index()), None)
+  return None if peer is None else (interrupted_line(peer[0], jax.process_count()), peer[1])
 
 
 def report_failure(message: str) -> None:

@@ -30,12 +30,13 @@ def free_port() -> int:
 def start(args: list[str], n: int = 2, skip: tuple[int, ...] = (),
           extra: dict[int, list[str]] | None = None,
           program: tuple[str, ...] = ("-m", "tests.multiprocess"),
-          stdout=subprocess.PIPE, stderr=subprocess.PIPE) -> dict[int, subprocess.Popen]:
+          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          port: int | None = None) -> dict[int, subprocess.Popen]:
   """The processes of one run, by process id: those in `skip` are never started; `extra`
   adds flags to some; `program` is what python runs (this worker, or a script of the
   repository); `stdout` and `stderr` map a process id to where its output goes, or are
-  subprocess.PIPE."""
-  port = free_port()
+  subprocess.PIPE; `port`: the coordinator's (default: a free one)."""
+  port = port or free_port()
   procs = {}
   for pid in range(n):
     if pid in skip:
@@ -52,9 +53,10 @@ def start(args: list[str], n: int = 2, skip: tuple[int, ...] = (),
 
 def launch(args: list[str], n: int = 2, timeout: float = 240, skip: tuple[int, ...] = (),
            extra: dict[int, list[str]] | None = None,
-           program: tuple[str, ...] = ("-m", "tests.multiprocess")) -> list[tuple]:
+           program: tuple[str, ...] = ("-m", "tests.multiprocess"),
+           port: int | None = None) -> list[tuple]:
   """(returncode, stdout, stderr) per process (returncode None: stopped at `timeout`)."""
-  procs = start(args, n, skip, extra, program)
+  procs = start(args, n, skip, extra, program, port=port)
   deadline, out = time.monotonic() + timeout, {}
   for pid, p in procs.items():
     try:
