@@ -37,10 +37,12 @@ _interrupt_status = [130]
 
 
 def _interrupt(signum, frame):
-  """The first SIGINT or SIGTERM interrupts the main thread; later ones are ignored, so
-  that ending the run is not itself interrupted."""
+  """The first SIGINT or SIGTERM interrupts the main thread; a second one ends the process
+  at once (as a second Ctrl-C does), for a run that does not get to its interrupted line."""
   del frame
   if _interrupted.is_set():
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
     return
   _interrupted.set()
   _interrupt_status[0] = INTERRUPTED_STATUS[signum]

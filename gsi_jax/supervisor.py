@@ -184,8 +184,12 @@ def supervise(process: str, num_processes: int | None, log: str, address: str = 
   child, relay, signalled = None, None, []
 
   def forward(signum, frame):
+    """The first signal goes on to the child (a launcher and a terminal may both send one);
+    a child still running GRACE_S later is killed."""
     del frame
     signalled.append(signum)
+    if len(signalled) > 1 and child is not None:
+      return
     if relay is not None:
       relay.quiet.set()
     if child is not None and child.poll() is None:
@@ -200,8 +204,10 @@ def supervise(process: str, num_processes: int | None, log: str, address: str = 
   # Its own process group: a Ctrl-C reaches the child once, through the supervisor.
   child = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, process_group=0)
   relay = _Relay(child.stderr, log_file, sys.stderr)
-  if signalled:
-    forward(signalled[0], None)
+  if signalled:  # sent before the child existed
+    first = signalled[0]
+    signalled.clear()
+    forward(first, None)
   reader = threading.Thread(target=relay.run, daemon=True)
   reader.start()
   status = child.wait()

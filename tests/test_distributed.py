@@ -191,7 +191,8 @@ def test_a_peer_that_never_starts_or_dies_ends_the_run_with_one_line(tiny_folder
   assert alone[0] == 2 and _one_error_line(alone[2])[0] == (
       f"error: not every process joined the 2-process run at "
       f"{re.search(r'127.0.0.1:[0-9]+', alone[2]).group()} within 10 s; start each one "
-      "with the same --coordinator_address and --num_processes"), alone[2][-2000:]
+      "with the same --coordinator_address and --num_processes, and its own --process_id"), \
+      alone[2][-2000:]
   survivor, dead = launch(args + [f"--out_dir={tmp_path / 'b'}", "--stop_after_layer=0",
                                   "--die_process=1"], timeout=60)
   assert dead[0] == 9
