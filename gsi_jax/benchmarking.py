@@ -1,7 +1,7 @@
 """How every benchmark measures: paired rounds and the median of their ratios with a
 bootstrap interval, best-of-n wall time, greedy decode tokens/s with compile time apart,
-cache-cold scans over distinct weight copies, where a decode's time goes, and peak
-resident memory of one phase of work."""
+cache-cold scans over distinct weight copies, where a decode's time goes, the programs
+JAX compiles, and peak resident memory of one phase of work."""
 
 from __future__ import annotations
 
@@ -200,6 +200,33 @@ def _rss_bytes(field: str = "VmRSS") -> int:
       if line.startswith(field + ":"):
         return int(line.split()[1]) * 1024
   raise GSIError(f"/proc/self/status has no {field}")
+
+
+# JAX's own compile events: a program traced and lowered (whether XLA then compiles it
+# or the persistent compilation cache holds it), and XLA's compile of one.
+LOWERED_EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+COMPILED_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+class CompileEvents:
+  """Programs JAX lowers inside a `with` block (each new function or shape; a program it
+  has already built is not counted again), and the seconds spent lowering and compiling."""
+
+  def __enter__(self):
+    self.programs, self.seconds = 0, 0.0
+    jax.monitoring.register_event_duration_secs_listener(self._on_event)
+    return self
+
+  def _on_event(self, event: str, duration: float, **kwargs) -> None:
+    del kwargs
+    if event == LOWERED_EVENT:
+      self.programs += 1
+    if event in (LOWERED_EVENT, COMPILED_EVENT):
+      self.seconds += duration
+
+  def __exit__(self, *exc):
+    jax.monitoring.unregister_event_duration_listener(self._on_event)
+    return False
 
 
 class PeakMemory:

@@ -6,6 +6,12 @@ matrices are alive at a time, and with `resume_dir` each finished layer is
 saved so that an interrupted calibration resumes where it stopped.
 `gram_matrices` + `solve` is the all-at-once form (one forward of the whole
 model), kept for the LM head's input and as the streaming form's reference.
+
+Where the time goes is recorded with the bases (meta "phase_seconds": embedding, forward,
+Gram accumulation, solve, host transfers, saving, and JAX's lowering and compiling apart
+from all of them; "programs_compiled", and how many of those came after the first layer).
+The sites LOBPCG serves are solved on the device under a transfer guard and reach the host
+in one copy per layer.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gsi_jax import distributed, sharding
+from gsi_jax.benchmarking import CompileEvents
 from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
@@ -82,37 +89,52 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
   return jax.tree.map(distributed.host_copy, grams)  # whole, also when processes share it
 
 
-def solve_site(G, k_max: int, method: str, previous: np.ndarray | None):
+def on_device(d: int, k_max: int, method: str) -> bool:
+  """Whether a site of width d is solved on the device (LOBPCG), not on the host."""
+  return method != "eigh" and solvers.lobpcg_fits(d, min(k_max, d))
+
+
+def solve_site(G, k_max: int, method: str, previous):
   """(w, V, cost) for one Gram matrix; cost = {seconds, flops, solver, iterations}.
 
   eigh: exact, float64 on the host.  krylov: LOBPCG from a random block.
   cascade: LOBPCG (or, where 5k >= d, block Davidson) from the previous
   layer's basis `previous`; a first layer has none and starts as krylov does.
+  LOBPCG runs on the device (`on_device`), where `solve_layer` keeps its results.
   """
   d = G.shape[0]
   k = min(k_max, d)  # a site narrower than k_max keeps its full basis
   t0 = time.perf_counter()
-  iterations = 0
-  warm = method == "cascade" and previous is not None
-  if method != "eigh" and solvers.lobpcg_fits(d, k):
-    # LOBPCG only multiplies by G: no symmetrised copy (a whole extra Gram at d = 16384).
-    G32 = jnp.asarray(G, jnp.float32)
-    start = jnp.asarray(previous, jnp.float32) if warm else solvers.random_start(d, k)
-    w, V, iterations = solvers.lobpcg_top(G32, start)
-    solver, flops = "lobpcg", solvers.lobpcg_flops(d, k, iterations)
+  if on_device(d, k_max, method):
+    w, V, iterations = (distributed.host_copy(a) for a in _solve_on_device(G, k, method,
+                                                                           previous))
+    return w.astype(np.float64), V.astype(np.float64), _lobpcg_cost(
+        time.perf_counter() - t0, d, k, int(iterations))
+  G64 = distributed.host_copy(G).astype(np.float64)
+  # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
+  G64 = (G64 + G64.T) / 2
+  if method == "cascade" and previous is not None:
+    w, V, flops = cascade.refine(G64, np.asarray(previous))
+    solver = "block_davidson"
   else:
-    G64 = distributed.host_copy(G).astype(np.float64)
-    # float32 accumulation leaves X^T X slightly asymmetric; eigh reads one triangle only.
-    G64 = (G64 + G64.T) / 2
-    if warm:
-      w, V, flops = cascade.refine(G64, previous)
-      solver = "block_davidson"
-    else:
-      w, V = solvers.top_eigenpairs(G64, k)
-      solver, flops = "eigh", cascade.eigh_flops(d)
+    w, V = solvers.top_eigenpairs(G64, k)
+    solver, flops = "eigh", cascade.eigh_flops(d)
   cost = {"seconds": time.perf_counter() - t0, "flops": float(flops), "solver": solver,
-          "iterations": int(iterations)}
+          "iterations": 0}
   return w, V, cost
+
+
+def _solve_on_device(G, k: int, method: str, previous):
+  """LOBPCG's (w, V, iterations) on the device; a cascade starts from `previous`."""
+  # LOBPCG only multiplies by G: no symmetrised copy (a whole extra Gram at d = 16384).
+  warm = method == "cascade" and previous is not None
+  start = previous if warm else solvers.random_start(G.shape[0], k)
+  return solvers.lobpcg_on_device(G, start)
+
+
+def _lobpcg_cost(seconds: float, d: int, k: int, iterations: int) -> dict:
+  return {"seconds": seconds, "flops": float(solvers.lobpcg_flops(d, k, iterations)),
+          "solver": "lobpcg", "iterations": iterations}
 
 
 @jax.jit
@@ -121,15 +143,48 @@ def _trace(G_DD):
   return jnp.sum(jnp.diagonal(G_DD).astype(jnp.float32))
 
 
-def solve_layer(grams_layer: dict, k_max: int, method: str, previous: dict):
-  """Solve every site of one layer; updates `previous` (site -> basis) for the cascade."""
+def solve_layer(grams_layer: dict, k_max: int, method: str, previous: dict,
+                seconds: dict | None = None):
+  """Solve every site of one layer; updates `previous` (site -> basis, kept where its
+  solver runs: on the device for LOBPCG) for the cascade.
+
+  The device's sites first, with no host transfer either way (transfer guards: a warm
+  start read from the host, or a result copied out, would raise; each site is waited for, so
+  its seconds are its own), then all their results come to the host in one copy, then
+  the host's sites are solved.  `seconds` gains "to_host"."""
+  seconds = {} if seconds is None else seconds
+  device = [site for site, G in grams_layer.items() if on_device(G.shape[0], k_max, method)]
+  on_host = lambda a: not isinstance(a, jax.Array)
+  for site in device:  # `solve`'s Grams, and a resumed run's last bases, are on the host
+    if on_host(grams_layer[site]):
+      grams_layer = {**grams_layer, site: jnp.asarray(grams_layer[site])}
+    if site in previous and on_host(previous[site]):
+      previous[site] = jnp.asarray(previous[site], jnp.float32)
+  solved, elapsed = {}, {}
+  with jax.transfer_guard_host_to_device("disallow"), \
+      jax.transfer_guard_device_to_host("disallow"):  # between devices is device work
+    for site in device:
+      G, start = grams_layer[site], time.perf_counter()
+      k = min(k_max, G.shape[0])
+      solved[site] = jax.block_until_ready(
+          (*_solve_on_device(G, k, method, previous.get(site)), _trace(G)))
+      elapsed[site] = time.perf_counter() - start
+  t1 = time.perf_counter()
+  fetched = jax.tree.map(distributed.host_copy, solved)  # the layer's one copy to the host
+  t2 = time.perf_counter()
   vectors, eigenvalues, trace, costs = {}, {}, {}, {}
   for site, G in grams_layer.items():
-    w, V, costs[site] = solve_site(G, k_max, method, previous.get(site))
+    if site in solved:
+      w, V, iterations, site_trace = fetched[site]
+      previous[site] = solved[site][1]  # float32 as saved: a resumed cascade starts alike
+      costs[site] = _lobpcg_cost(elapsed[site], G.shape[0], V.shape[1], int(iterations))
+    else:
+      w, V, costs[site] = solve_site(G, k_max, method, previous.get(site))
+      previous[site] = np.asarray(V, np.float32)
+      site_trace = distributed.host_copy(_trace(G))
     vectors[site] = np.asarray(V, np.float32)
-    previous[site] = vectors[site]  # as saved, so a resumed cascade starts from the same basis
-    eigenvalues[site] = np.asarray(w, np.float32)
-    trace[site] = np.float32(distributed.host_copy(_trace(G)))
+    eigenvalues[site], trace[site] = np.asarray(w, np.float32), np.float32(site_trace)
+  seconds["to_host"] = seconds.get("to_host", 0.0) + (t2 - t1)
   return vectors, eigenvalues, trace, costs
 
 
@@ -158,7 +213,7 @@ def solve(grams: dict, k_max: int, method: str = "eigh", progress: bool = False)
   """Bases from all layers' Gram matrices at once; meta records each site's solve."""
   _check_method(method, k_max)
   vectors, eigenvalues, trace, costs = {}, {}, {}, {}
-  previous: dict[str, np.ndarray] = {}
+  previous: dict = {}
   for layer in P.layers(grams):
     (vectors[layer], eigenvalues[layer], trace[layer],
      costs[layer]) = solve_layer(grams[layer], k_max, method, previous)
@@ -186,10 +241,16 @@ def embed_windows(module, params, ids_BT):
   return module.apply({"params": params}, ids_BT, method=Decoder.embed_inputs)
 
 
+@functools.lru_cache(maxsize=None)
+def _zero_gram_program(d: int, where: NamedSharding | None):
+  """One program per width and placement: a new jit a call compiled 3 programs a layer."""
+  return jax.jit(lambda: jnp.zeros((d, d), jnp.float32), out_shardings=where)
+
+
 def _zero_gram(d: int, where: NamedSharding | None) -> jax.Array:
   """A d x d float32 zero made in place on each device's rows: a host zero placed after
   would be a whole d x d temporary on every process (1 GiB at d = 16384)."""
-  return jax.jit(lambda: jnp.zeros((d, d), jnp.float32), out_shardings=where)()
+  return _zero_gram_program(d, where)()
 
 
 def _row_sharded(mesh: Mesh | None, d: int):
@@ -260,12 +321,40 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   return bases
 
 
+PHASES = ("embed", "forward", "gram", "solve", "to_host", "save", "compile")
+
+
+@contextlib.contextmanager
+def _phase(seconds: dict, name: str, compiles: CompileEvents):
+  """Adds the block's wall time to seconds[name], less JAX's lowering and compiling in it,
+  which goes to seconds["compile"]."""
+  start, compiling = time.perf_counter(), compiles.seconds
+  yield
+  spent = compiles.seconds - compiling
+  seconds[name] += time.perf_counter() - start - spent
+  seconds["compile"] += spent
+
+
 def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
                    progress: bool, store: LayerProgress | None, mesh: Mesh | None) -> Bases:
-  """calibrate's loop: each layer's forward, Gram matrices and solve, then the next."""
+  """calibrate's loop, each layer's phases timed apart: forward, Gram matrices, solve,
+  copy to the host and save, then the next layer."""
+  with CompileEvents() as compiles:
+    seconds = dict.fromkeys(PHASES, 0.0)
+    bases, first_layer_programs = _layer_loop(model, params, ids, k_max, method, batch_size,
+                                              progress, store, mesh, seconds, compiles)
+  bases.meta.update(phase_seconds=seconds, programs_compiled=compiles.programs,
+                    programs_compiled_after_first_layer=compiles.programs - first_layer_programs)
+  return bases
+
+
+def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, mesh,
+                seconds: dict, compiles: CompileEvents) -> tuple[Bases, int]:
+  """(bases, programs compiled up to the end of the first layer this run computed)."""
+  first_layer_programs = compiles.programs
   layer_names = P.layers(P.site_kernels(params))
   vectors, eigenvalues, trace, costs = {}, {}, {}, {}
-  previous: dict[str, np.ndarray] = {}
+  previous: dict = {}  # site -> the last layer's basis, where its solver reads it
   done, x_NTD = store.restore(vectors, eigenvalues, trace, costs) if store else (0, None)
   if done:
     previous = {site: vectors[layer_names[done - 1]][site]
@@ -273,9 +362,10 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
     logging.info("calibration resumes after %d of %d layers from %s", done,
                  len(layer_names), store.path)
   else:
-    x_NTD = jnp.concatenate([embed_windows(model.module, params,
-                                           jnp.asarray(ids[i:i + batch_size]))
-                             for i in range(0, len(ids), batch_size)])
+    with _phase(seconds, "embed", compiles):
+      x_NTD = jax.block_until_ready(jnp.concatenate([
+          embed_windows(model.module, params, jnp.asarray(ids[i:i + batch_size]))
+          for i in range(0, len(ids), batch_size)]))
   block = Block(model.config, model.dtype)
   # Every block has the same sites and widths: trace one once.
   _, shapes = jax.eval_shape(lambda p, x: layer_forward(p, x, block), params[layer_names[0]],
@@ -290,31 +380,43 @@ def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
   for index in range(done, len(layer_names)):
     layer = layer_names[index]
     t0 = time.time()
-    grams, kept, outputs = (None if keep_inputs else zeros()), [], []
-    for i in range(0, len(ids), batch_size):
-      y, inputs = layer_forward(params[layer], x_NTD[i:i + batch_size], block)
-      outputs.append(y)
+    # Where the inputs are not kept, the Gram matrices grow inside the forward's loop: the
+    # "forward" phase then holds both.
+    with _phase(seconds, "forward", compiles):
+      grams, kept, outputs = (None if keep_inputs else zeros()), [], []
+      for i in range(0, len(ids), batch_size):
+        y, inputs = layer_forward(params[layer], x_NTD[i:i + batch_size], block)
+        outputs.append(y)
+        if keep_inputs:
+          kept.append(inputs)
+        else:
+          grams = _add_grams(grams, inputs, mesh)
+      x_NTD = jax.block_until_ready(jnp.concatenate(outputs))
+      jax.block_until_ready((kept, grams))
+    with _phase(seconds, "gram", compiles):
       if keep_inputs:
-        kept.append(inputs)
-      else:
-        grams = _add_grams(grams, inputs, mesh)
-    if keep_inputs:
-      grams = zeros()
-      for inputs in kept:
-        grams = _add_grams(grams, inputs, mesh)
-      del kept
-    x_NTD = jnp.concatenate(outputs)
-    jax.block_until_ready(grams)
+        grams = zeros()
+        for inputs in kept:
+          grams = _add_grams(grams, inputs, mesh)
+        del kept
+      jax.block_until_ready(grams)
     forward_s = time.time() - t0
-    (vectors[layer], eigenvalues[layer], trace[layer],
-     costs[layer]) = solve_layer(grams, k_max, method, previous)
+    to_host = seconds["to_host"]
+    with _phase(seconds, "solve", compiles):
+      (vectors[layer], eigenvalues[layer], trace[layer],
+       costs[layer]) = solve_layer(grams, k_max, method, previous, seconds)
+    seconds["solve"] -= seconds["to_host"] - to_host
     del grams  # one layer's Gram matrices alive at a time
+    if index == done:
+      first_layer_programs = compiles.programs
     if store:
-      store.save(index, vectors[layer], eigenvalues[layer], trace[layer], costs[layer], x_NTD)
+      with _phase(seconds, "save", compiles):
+        store.save(index, vectors[layer], eigenvalues[layer], trace[layer], costs[layer],
+                   x_NTD)
     if progress:
       finished = index + 1 - done
       eta = (time.time() - start) / finished * (len(layer_names) - index - 1)
       logging.info("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f s); "
                    "ETA %.0f s", method, layer, index + 1, len(layer_names), time.time() - t0,
                    forward_s, time.time() - t0 - forward_s, eta)
-  return _bases(vectors, eigenvalues, trace, costs, method, k_max)
+  return _bases(vectors, eigenvalues, trace, costs, method, k_max), first_layer_programs

@@ -56,7 +56,7 @@ def apply_gsi(params, bases: Bases, k: int, output_sketch: int = 0, seed: int = 
   """
   k = check_k(params, k)
   output_sketch, seed = whole("output_sketch", output_sketch, 0), whole("seed", seed, None)
-  ladder = tuple(whole("ladder rank", r) for r in ladder)
+  ladder = tuple(whole("ladder rank", r, None) for r in ladder)
   if any(r <= 0 or r >= k for r in ladder) or list(ladder) != sorted(set(ladder)):
     raise GSIError(f"ladder ranks must increase strictly and lie in 1..{k - 1} (below k), "
                    f"got {list(ladder)}")

@@ -109,16 +109,18 @@ def write_random_checkpoint(config, folder: str, shard_bytes: int = 2 << 30, see
 
 
 def random_model(shape: str, dtype="bfloat16", n_layers: int | None = None, seed: int = 0,
-                 std: float = 0.02):
+                 std: float = 0.02, **overrides):
   """A published shape with N(0, std) matrices, unit norm scales and zero biases, generated
   where JAX computes (a GPU's own memory) with nothing written to disk: a lent machine
-  that cannot hold or write a 12 GB checkpoint still runs the shape.  No tokenizer."""
+  that cannot hold or write a 12 GB checkpoint still runs the shape.  No tokenizer.
+  overrides: Hugging Face config fields that change the shape (n_layer=4, say)."""
   import jax
   import jax.numpy as jnp
   from gsi_jax.loading.hf_config import config_from_hf
   from gsi_jax.loading.load import first_layers, param_shapes
   from gsi_jax.models.model import Model
-  config = first_layers(config_from_hf(hf_config(shape).to_dict(), name=shape), n_layers)
+  config = first_layers(config_from_hf(hf_config(shape, **overrides).to_dict(), name=shape),
+                        n_layers)
   shapes = param_shapes(config, dtype)
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
 
