@@ -79,8 +79,10 @@ step kernel_kept 40 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
     $([ "$DRY" = 1 ] || echo --maps 4096x16384 --tokens 1,4,16) \
     --out "$OUT_DIR/kernel_kept.json"
 # 6. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
-#    disk): streaming calibration (cascade) against the paper's ~30 s, then decode of the
-#    same model with those bases through the kernel beside dense XLA in the same process.
+#    disk): streaming calibration (cascade) against the paper's ~30 s, with where its time
+#    went (calibration_phase_s, compiling apart) and the programs it compiled, then decode
+#    of the same model with those bases through the kernel beside dense XLA in the same
+#    process.
 step scale 280 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
     --dtype bfloat16 --decode_dtype bfloat16 --method cascade \
     --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"

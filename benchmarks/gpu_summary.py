@@ -108,7 +108,7 @@ def scale_figures(scale: dict, ceiling) -> dict:
   if "missing" in scale:
     return scale
   keep = ("shape", "layers", "calib_tokens", "k", "devices", "load_s", "calibration_s",
-          "solve_s", "decode_layers", "decode_dtype", "decode_bases", "dense_tokens_per_s",
+          "solve_s", "calibration_phase_s", "programs_compiled", "decode_layers", "decode_dtype", "decode_bases", "dense_tokens_per_s",
           "dense_bandwidth_gb_s", "points")
   out = {key: scale.get(key) for key in keep}
   if scale.get("dense_bandwidth_gb_s") is not None:

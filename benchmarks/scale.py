@@ -8,7 +8,10 @@ is missing, or --in_memory generates them on the device with nothing on disk): m
 time and bytes are what this measures, never quality.
 Token ids are random too.  Phases, each in this one process:
   load       bf16 weights through load_model, peak resident memory of the load;
-  calibrate  streaming calibration at full depth for each --method except eigh;
+  calibrate  streaming calibration at full depth for each --method except eigh, with
+             where its time went (calibration_phase_s: embed, forward, gram, solve,
+             to_host, save, and JAX's lowering and compiling apart) and the programs
+             it compiled (in all, and after its first layer);
   eigh       exact float32 eigh on the first --eigh_layers layers only (at
              16384 wide it takes minutes per matrix here); its full-depth cost
              is modelled as measured per layer x layers, and it is the reference
@@ -167,7 +170,7 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
   the result's fields, and the bases by streamed method."""
   result = {"calibration_s": {}, "solve_s": {}, "calib_peak_rss_gb": {}, "solve_s_by_width": {},
             "lobpcg_iterations": {}, "energy_loss_vs_eigh": {}, "energy_loss_by_site": {},
-            "calibration_basis": {}}
+            "calibration_basis": {}, "calibration_phase_s": {}, "programs_compiled": {}}
   bases_by_method = {}
   forward_s = []
   for method in cfg.methods:
@@ -191,9 +194,16 @@ def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
         key: it for key, (solver, it) in bases.meta["solver_by_site"].items()
         if solver == "lobpcg"}
     result["calibration_basis"][method] = "measured at full depth"
+    result["calibration_phase_s"][method] = bases.meta["phase_seconds"]
+    result["programs_compiled"][method] = {
+        "in_all": bases.meta["programs_compiled"],
+        "after_first_layer": bases.meta["programs_compiled_after_first_layer"]}
     forward_s.append(seconds - result["solve_s"][method])
-    logging.info("%s: %.1f s (solve %.1f s), peak %.2f GB", method, seconds,
-                 result["solve_s"][method], mem.gb)
+    logging.info("%s: %.1f s (solve %.1f s), peak %.2f GB; phases %s; %d programs compiled, "
+                 "%d after the first layer", method, seconds, result["solve_s"][method], mem.gb,
+                 ", ".join(f"{k} {v:.1f} s" for k, v in bases.meta["phase_seconds"].items()),
+                 bases.meta["programs_compiled"],
+                 bases.meta["programs_compiled_after_first_layer"])
   if not cfg.eigh_layers:
     return result, bases_by_method
   # eigh: the reference, measured on the first layers (same inputs as the streaming runs).

@@ -60,6 +60,8 @@ def test_dry_run_passes_every_step(tmp_path):
   assert s["best_tile"]["tile"] in ("32x128x4", "64x64x4")
   gptj = s["gptj_6b_shape"]
   assert gptj["shape"] == "gptj-tiny" and gptj["calibration_s"]["cascade"] > 0
+  assert set(gptj["calibration_phase_s"]["cascade"]) >= {"forward", "gram", "solve", "compile"}
+  assert gptj["programs_compiled"]["cascade"]["after_first_layer"] == 0
   assert [p["impl"] for p in gptj["points"]] == ["pallas"] * 3
   assert gptj["decode_bases"] == "cascade at full depth (reused)"  # same depth, dtype, k
   assert gptj["dense_of_ceiling"] == pytest.approx(gptj["dense_bandwidth_gb_s"]

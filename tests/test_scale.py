@@ -201,6 +201,12 @@ def test_scale_benchmark_end_to_end(sharded_checkpoint, tmp_path):
     assert r["calibration_basis"][method] == "measured at full depth"
   assert r["calibration_basis"]["eigh"].startswith("modelled")
   assert set(r["solve_s_by_width"]["krylov"]) == {"64", "256"}
+  for method in ("cascade", "krylov"):  # where the time went; no layer compiles after the first
+    phases = r["calibration_phase_s"][method]
+    assert set(phases) == set(calibration.PHASES) and min(phases.values()) >= 0
+    assert sum(phases.values()) <= r["calibration_s"][method]
+    assert r["programs_compiled"][method]["after_first_layer"] == 0
+  assert r["programs_compiled"]["cascade"]["in_all"] > 0  # the first method built them
   assert r["decode_bases"] == "krylov at the decode depth"  # 2 of 3 layers: calibrated again
   names = [p["name"] for p in r["points"]]
   assert names == ["static", "gated_median_rho", "gated_all_slow"]
