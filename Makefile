@@ -37,6 +37,7 @@ JAX011_TESTS := tests/test_kernels.py tests/test_kept_kernel.py tests/test_gpu_l
   tests/test_pallas_model.py tests/test_fast_paths.py tests/test_gsi.py tests/test_allocation.py \
   tests/test_peers.py tests/test_rsparse_search.py tests/test_methods.py tests/test_import_graph.py \
   tests/test_results.py tests/test_supervisor.py tests/test_benchmarking.py tests/test_gpu_check.py \
+  tests/test_calibration_phases.py \
   tests/test_load_errors.py::test_without_gguf_only_the_gguf_loader_fails
 
 # jaxlib 0.11.2 has no wheel for Python 3.11; pyenv's 3.12 here, or PY312=/path/to/python3.12.

@@ -651,3 +651,20 @@ def test_make_results_run_on_the_xeon():
                                          ("static", "k=128"))] == [
       (1.36, 1.35, 1.39), (0.81, 0.79, 0.81), (1.73, 1.68, 1.76)]
   assert by["sparsity", "target=0.25"]["verdict"] == "faster"
+
+
+def test_where_a_calibrations_time_goes_on_the_xeon():
+  """RESULTS §13.2's breakdown: 3 runs of the 4-layer GPT-J calibration after the change,
+  alternating with the code before it (`calibration_phases/`)."""
+  after = [load(f"benchmarks/calibration_phases/after-{r}.json") for r in (1, 2, 3)]
+  before = [load(f"benchmarks/calibration_phases/before-{r}.json") for r in (1, 2, 3)]
+  whole = [r["calibration_s"]["krylov"] for r in after]
+  phases = [r["calibration_phase_s"]["krylov"] for r in after]
+  assert [round(p["solve"] / w, 2) for p, w in zip(phases, whole)] == [0.76, 0.77, 0.77]
+  assert [round(p["compile"] / w, 2) for p, w in zip(phases, whole)] == [0.04, 0.03, 0.03]
+  assert all(r["programs_compiled"]["krylov"] == {"in_all": 13, "after_first_layer": 0}
+             for r in after)
+  ratios = [a / b["calibration_s"]["krylov"] for a, b in zip(whole, before)]
+  assert [round(r, 2) for r in ratios] == [1.0, 1.05, 1.05]
+  assert all("calibration_phase_s" not in r for r in before)
+  assert {r["run"]["cpu"] for r in after + before} == {"Intel(R) Xeon(R) Processor"}
