@@ -59,7 +59,8 @@ def svd_truncate(params, svds: dict, rank: int):
   """Params with each map at its whitened rank-r: two thin maps x A B, A (d, r) and
   B (r, O), where r (d + O) < d O, else the kernel W_r = A B itself (so the model
   reads what `metrics.bytes.svd_bytes` counts)."""
-  rank = whole("SVD rank", rank)
+  if whole("SVD rank", rank, None) <= 0:
+    raise GSIError(f"SVD rank must be positive, got {rank}")
   out = jax.tree.map(lambda x: x, params)
   for (layer, site, name), (unwhiten, US, Vt, dtype) in svds.items():
     r = min(rank, Vt.shape[0])
@@ -160,8 +161,8 @@ def weight_factors(params, rank, svds: dict | None = None, width: dict | None = 
   rank: one r for every map, or {layer: {site: {map: r}}} (a per-layer recipe, where
   r may be 0).  width, nested alike: zero columns pad each factor to it, which leaves
   x A B unchanged, so recipes of different ranks share one compiled program."""
-  if not isinstance(rank, dict):
-    rank = whole("R-Sparse rank", rank)
+  if not isinstance(rank, dict) and whole("R-Sparse rank", rank, None) <= 0:
+    raise GSIError(f"R-Sparse rank must be positive, got {rank}")
   svds = weight_svds(params) if svds is None else svds
   out = params
   for layer, sites in P.site_kernels(params).items():
@@ -169,7 +170,7 @@ def weight_factors(params, rank, svds: dict | None = None, width: dict | None = 
       A, B = {}, {}
       for name in kernels:
         US, Vt, dtype = svds[layer, site, name]
-        r = min(rank if isinstance(rank, int) else
+        r = min(int(rank) if not isinstance(rank, dict) else
                 whole(f"R-Sparse rank of {layer}/{site}/{name}", rank[layer][site][name], 0),
                 len(Vt))
         w = r if width is None else width[layer][site][name]
