@@ -9,7 +9,7 @@ import pytest
 MEASURED = re.compile(r"(^|_)(s|seconds)$|tokens_per_s|measured_speedup|bandwidth|rss|"
                       r"per_process|over_weights|s_by_width|measured_s_by_site|best_measured|"
                       r"^speedup_(low|high)$|^dense_spread$|^verdict$|"
-                      r"^(out|bases_dir|devices|processes)$")
+                      r"^(out|bases_dir|devices|processes|programs_compiled)$")
 
 
 def assert_same_records(one, two, tolerances=None, path="", tolerance=1e-7):

@@ -102,16 +102,18 @@ def _holding(tiny_folder, tmp_path):
           f"--out_dir={tmp_path}", "--hold_at=calibration", "--process_timeout_s=20"]
 
 
-def _default_sigint():
-  signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a shell's foreground job has it
+# Runs bash with SIGINT at its default, as a shell's foreground job has it (a test session
+# started in the background ignores SIGINT, and bash cannot trap what it inherits ignored).
+FOREGROUND = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+              "os.execvp('bash', ['bash', *sys.argv[1:]])")
 
 
 def _launcher(tiny_folder, tmp_path):
   """benchmarks/local_processes.sh with 2 processes, each holding inside calibration."""
   proc = subprocess.Popen(
-      ["bash", "benchmarks/local_processes.sh", "2", "-m", "tests.multiprocess",
-       *_holding(tiny_folder, tmp_path)], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_default_sigint,
+      [sys.executable, "-c", FOREGROUND, "benchmarks/local_processes.sh", "2", "-m",
+       "tests.multiprocess", *_holding(tiny_folder, tmp_path)], cwd=ROOT, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable})
   holding = 0
   while holding < 2:
