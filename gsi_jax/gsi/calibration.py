@@ -391,8 +391,8 @@ def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, 
           kept.append(inputs)
         else:
           grams = _add_grams(grams, inputs, mesh)
-      x_NTD = jax.block_until_ready(jnp.concatenate(outputs))
-      jax.block_until_ready((kept, grams))
+      x_NTD = jnp.concatenate(outputs)
+      jax.block_until_ready((x_NTD, kept, grams))
     with _phase(seconds, "gram", compiles):
       if keep_inputs:
         grams = zeros()
