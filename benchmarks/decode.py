@@ -27,7 +27,8 @@ from absl import flags
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, peers, text
 from gsi_jax import benchmarking
-from gsi_jax.benchmarking import best_time, decode_beside, decode_tokens_per_s, peak_rss_mib
+from gsi_jax.benchmarking import (best_time, decode_beside, decode_tokens_per_s, peak_rss_mib,
+                                  ratio_text)
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.models import params as P
@@ -135,8 +136,8 @@ def dense_equivalent(model, params, ids, n, label) -> dict:
   with --profile traced."""
   gate = gsi_jax.make_gate(0.0, batch1_switch=True)
   timed = decode_beside(model, ids, n, _REPEATS.value, params, gate, model.params)
-  logging.info("%s: %.2fx dense beside it [%.2f, %.2f]", label, timed["measured_speedup"],
-               timed["speedup_low"], timed["speedup_high"])
+  logging.info("%s: %s dense beside it", label, ratio_text(
+      timed["measured_speedup"], timed["speedup_low"], timed["speedup_high"]))
   if _PROFILE.value:
     timed["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
     logging.info("%s, profile: %s", label, timed["profile"])
@@ -192,9 +193,9 @@ def main(argv):
           "predicted_speedup_paper": b["speedup_paper"]})
       if _PROFILE.value:
         result["gsi"][-1]["profile"] = benchmarking.decode_profile(model, params, ids, n, gate)
-      logging.info("JAX GSI k=%d eps=%g: %.1f tok/s, %.2fx dense beside it [%.2f, %.2f]", k,
-                   eps, g_tps, timed["measured_speedup"], timed["speedup_low"],
-                   timed["speedup_high"])
+      logging.info("JAX GSI k=%d eps=%g: %.1f tok/s, %s dense beside it", k, eps, g_tps,
+                   ratio_text(timed["measured_speedup"], timed["speedup_low"],
+                              timed["speedup_high"]))
   if _KEPT_ALL.value:
     result["kept_all"] = dense_equivalent(
         model, peers.apply_sparsity(model.params, P.per_site(model.params, 0.0)), ids, n,

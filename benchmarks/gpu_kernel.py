@@ -43,7 +43,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import alternating_rounds, interval_fields, timed_pair
+from gsi_jax.benchmarking import alternating_rounds, interval_fields, ratio_text, timed_pair
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kept_kernel, kernel, tiling
 
@@ -287,9 +287,10 @@ def timing(c: KernelBenchConfig):
       for share in sorted({round(f * tokens) / tokens for f in c.fast_shares}):
         r = _timed_pair(c, d, out, tokens, share)
         logging.info("d=%d O=%d %d tokens f=%.2f: kernel %.1f us (%.0f GB/s), dense %.1f us,"
-                     " %.2fx [%.2f, %.2f] (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
-                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"], r["speedup"],
-                     r["speedup_low"], r["speedup_high"], r["byte_ideal_speedup"])
+                     " %s (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
+                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"],
+                     ratio_text(r["speedup"], r["speedup_low"], r["speedup_high"]),
+                     r["byte_ideal_speedup"])
         yield r
 
 
@@ -315,9 +316,10 @@ def kept(c: KernelBenchConfig):
       for share in c.fast_shares:
         r = _timed_kept(c, d, out, tokens, share, dots)
         logging.info("%s d=%d O=%d %d tokens, %.2f kept (%d rows read): %.1f us, dense "
-                     "%.1f us, %.2fx [%.2f, %.2f], error %.1e", r["kernel"], d, out, tokens,
+                     "%.1f us, %s, error %.1e", r["kernel"], d, out, tokens,
                      r["keep_share"], r["rows_read"], r["kernel_us"], r["dense_us"],
-                     r["speedup"], r["speedup_low"], r["speedup_high"], r["relative_error"])
+                     ratio_text(r["speedup"], r["speedup_low"], r["speedup_high"]),
+                     r["relative_error"])
         yield r
 
 

@@ -25,7 +25,8 @@ from absl import flags
 
 from gsi_jax import cli, experiment
 from gsi_jax.benchmarking import (available_memory_bytes, copies_plan, interval_fields,
-                                  last_level_cache_bytes, scan_over_copies, timed_pair)
+                                  last_level_cache_bytes, ratio_text, scan_over_copies,
+                                  timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.metrics.bytes import gated_map_elements
 from gsi_jax.ops import GatedWeights, gated_linear, make_gate
@@ -132,9 +133,9 @@ def main(argv):
                  "dense_compile_ms": 1e3 * pair["base_compile_s"],
                  "gsi_compile_ms": 1e3 * pair["other_compile_s"]}
           records.append(rec)
-          logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %.2fx [%.2f, %.2f] "
-                       "(ideal %.2fx)", d, d_out, k, f, dense_ms, gsi_ms, pair["ratio"],
-                       pair["ratio_low"], pair["ratio_high"], ideal)
+          logging.info("d=%d O=%d k=%d f=%.2f: dense %.3f ms, GSI %.3f ms, %s (ideal %.2fx)",
+                       d, d_out, k, f, dense_ms, gsi_ms,
+                       ratio_text(pair["ratio"], pair["ratio_low"], pair["ratio_high"]), ideal)
   experiment.write_json(out, {"config": {"repeats": _REPEATS.value, "eps": EPS,
                                          "last_level_cache_bytes": llc,
                                          "devices": str(jax.devices())}, "records": records})

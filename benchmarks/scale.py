@@ -45,7 +45,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, distributed, experiment, metrics, sharding
-from gsi_jax.benchmarking import PeakMemory, decode_beside, decode_tokens_per_s
+from gsi_jax.benchmarking import PeakMemory, decode_beside, decode_tokens_per_s, ratio_text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import solvers
 from gsi_jax.gsi.calibration import METHODS, gram_matrices
@@ -294,9 +294,10 @@ def decode_at_layer_shape(cfg: ScaleConfig, ids, mesh=None, save=lambda out: Non
         "fast_share": metrics.mean_share(share), "byte_ideal_speedup": b["speedup_bytes"],
         "bandwidth_gb_s": tps * b["bytes_per_token"] / 1e9,
         "bandwidth_share": share_of_peak(tps * b["bytes_per_token"] / 1e9)})
-    logging.info("decode %s: %.2f tok/s (dense beside it %.2f), %.2fx [%.2f, %.2f], byte "
-                 "ideal x%.2f", name, tps, timed["dense_tokens_per_s"], timed["measured_speedup"],
-                 timed["speedup_low"], timed["speedup_high"], b["speedup_bytes"])
+    logging.info("decode %s: %.2f tok/s (dense beside it %.2f), %s, byte ideal x%.2f", name,
+                 tps, timed["dense_tokens_per_s"],
+                 ratio_text(timed["measured_speedup"], timed["speedup_low"],
+                            timed["speedup_high"]), b["speedup_bytes"])
     save(out)
   return out
 

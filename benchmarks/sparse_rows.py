@@ -32,8 +32,8 @@ from absl import flags
 from jax import lax
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, scan_over_copies,
-                                  timed_pair)
+from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, ratio_text,
+                                  scan_over_copies, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import cpu_kernels
 from gsi_jax.ops.sparse_rows import bucket_sizes, kept_rows_matmul_xla
@@ -171,9 +171,9 @@ def main(argv):
                "dense_compile_ms": 1e3 * pair["base_compile_s"],
                "compile_ms": 1e3 * pair["other_compile_s"]}
         records.append(rec)
-        logging.info("%dx%d %s kept %.2f: %.4f ms (dense %.4f), %.2fx [%.2f, %.2f] of ideal "
-                     "%.2fx", d, o, name, kept, ms, dense_ms, pair["ratio"], pair["ratio_low"],
-                     pair["ratio_high"], ideal)
+        logging.info("%dx%d %s kept %.2f: %.4f ms (dense %.4f), %s of ideal %.2fx", d, o,
+                     name, kept, ms, dense_ms,
+                     ratio_text(pair["ratio"], pair["ratio_low"], pair["ratio_high"]), ideal)
   experiment.write_json(out, {"config": {"repeats": _REPEATS.value, "block": block,
                                          "last_level_cache_bytes": llc,
                                          "devices": str(jax.devices())}, "records": records})

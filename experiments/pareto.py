@@ -10,9 +10,11 @@ point is scored on the held-out text, its greedy generations compared with dense
 weight bytes per token counted (LM head and embeddings included), and its batch-1 decode
 timed in alternating rounds with dense decode, one dense decode a round beside each of its
 method's points (measured_speedup: the median of the per-round ratios; speedup_low and
-speedup_high: its bootstrap 95% interval).  With --learned the learned
-allocations run beside their uniform methods; they and the searched one keep the
-uniform allocation where they score worse on calibration text (fallback).
+speedup_high: its bootstrap 95% interval, absent below 3 rounds, as is the fastest
+method per perplexity limit; verdict: faster, slower, within noise, too few rounds or
+untimed).  With --learned the learned allocations run beside their uniform methods;
+they and the searched one keep the uniform allocation where they score worse on
+calibration text (fallback).
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ import matplotlib.pyplot as plt
 from absl import flags
 
 from gsi_jax import cli, experiment, methods
+from gsi_jax.benchmarking import MIN_ROUNDS
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.methods.context import Context
@@ -44,7 +47,7 @@ FLAGS = flags.FLAGS
 OUT = "results/pareto.json"
 COLUMNS = ["method", "knob", "bytes_fraction", "ppl_ratio", "top1_agreement",
            "generations_identical", "tokens_per_s", "dense_tokens_per_s", "measured_speedup",
-           "speedup_low", "speedup_high"]
+           "speedup_low", "speedup_high", "verdict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +256,11 @@ def main(argv):
            "methods": c.methods, "speed_repeats": c.speed_repeats, "learned": c.learned}
   experiment.write_records(c.base.out, s.describe(**extra), records, COLUMNS)
   print(experiment.markdown_table(budgets, list(budgets[0])))
-  print(experiment.markdown_table(speed["best_measured"], BEST_COLUMNS))
+  if speed["best_measured"]:
+    print(experiment.markdown_table(speed["best_measured"], BEST_COLUMNS))
+  else:
+    print(f"no fastest method per perplexity limit: speed was timed in {c.speed_repeats} "
+          f"paired rounds, and fewer than {MIN_ROUNDS} give no interval (--speed_repeats)")
   plot(records, c.base.out)
   plot_allocation(records, c.base.out)
 

@@ -34,23 +34,32 @@ def alternating_rounds(fns, rounds: int):
   return [[_seconds(fn) for fn in fns] for _ in range(rounds)], compile_s
 
 
+# Fewer paired rounds than this give a ratio but no interval and no verdict: a bootstrap
+# over one or two rounds is one or two numbers, not a spread (a one-round run once printed
+# [4.252, 4.252] and was picked as the fastest method, from noise).
+MIN_ROUNDS = 3
+TOO_FEW_ROUNDS = "too few rounds"
+
+
 def ratio_interval(base_s, other_s, confidence: float = 0.95, resamples: int = 2000,
                    seed: int = 0) -> dict:
   """The speed of `other` over `base` (base time / other time) from paired rounds: the
   median of the per-round ratios, and a bootstrap interval of that median (rounds
-  resampled with replacement).  `base_spread` is the base's slowest round over its
-  fastest, the noise every claim here sits in."""
+  resampled with replacement; None below MIN_ROUNDS rounds).  `base_spread` is the base's
+  slowest round over its fastest, the noise every claim here sits in."""
   base, other = np.asarray(base_s, float), np.asarray(other_s, float)
   if base.shape != other.shape or base.ndim != 1 or not base.size:
     raise GSIError(f"paired rounds must be two equal non-empty lists, got {base.shape} "
                    f"and {other.shape}")
   ratios = base / other
-  draws = np.random.default_rng(seed).integers(0, ratios.size, (resamples, ratios.size))
-  medians = np.median(ratios[draws], axis=1)
-  tail = 100 * (1 - confidence) / 2
-  low, high = np.percentile(medians, [tail, 100 - tail])
-  return {"ratio": float(np.median(ratios)), "ratio_low": float(low),
-          "ratio_high": float(high), "confidence": confidence, "rounds": int(ratios.size),
+  low = high = None
+  if ratios.size >= MIN_ROUNDS:
+    draws = np.random.default_rng(seed).integers(0, ratios.size, (resamples, ratios.size))
+    medians = np.median(ratios[draws], axis=1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = (float(v) for v in np.percentile(medians, [tail, 100 - tail]))
+  return {"ratio": float(np.median(ratios)), "ratio_low": low, "ratio_high": high,
+          "confidence": confidence, "rounds": int(ratios.size),
           "base_spread": float(base.max() / base.min())}
 
 
@@ -82,12 +91,22 @@ def interval_fields(pair: dict, prefix: str = "speedup") -> dict:
 
 
 def verdict(interval: dict) -> str:
-  """"faster", "slower", or "within noise" where the interval holds 1.0."""
+  """"faster", "slower", "within noise" where the interval holds 1.0, or "too few rounds"
+  where there is no interval."""
+  if interval["ratio_low"] is None:
+    return TOO_FEW_ROUNDS
   if interval["ratio_low"] > 1:
     return "faster"
   if interval["ratio_high"] < 1:
     return "slower"
   return "within noise"
+
+
+def ratio_text(ratio: float, low, high) -> str:
+  """"1.23x [1.20, 1.25]", or "1.23x (too few rounds for an interval)" without one."""
+  if low is None:
+    return f"{ratio:.2f}x ({TOO_FEW_ROUNDS} for an interval)"
+  return f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
 
 
 def best_time(fn, repeats: int) -> float:

@@ -18,7 +18,7 @@ from typing import Callable
 
 from absl import app, flags
 
-from gsi_jax import distributed, experiment, supervisor, text
+from gsi_jax import distributed, experiment, provenance, supervisor, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
 from gsi_jax.loading import DEFAULT_MODEL
@@ -161,6 +161,7 @@ def run(main: Callable, one_process: str | None = None) -> None:
     try:
       try:
         _join(config)
+        logging.info("running on %s", provenance.device_text())
         main(argv)
       except GSIError as e:
         distributed.report_failure(str(e))

@@ -11,14 +11,13 @@ agreement on held-out text.  Flags are defined only when run as a script.
 
 from __future__ import annotations
 
-import logging
 import time
 
 import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import benchmarking, cli, experiment, metrics
+from gsi_jax import benchmarking, cli, experiment, metrics, progress, provenance
 from gsi_jax.errors import GSIError
 
 
@@ -39,24 +38,26 @@ def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
   params = gsi_jax.apply_gsi(model.params, s.bases, k)
   ids = model.encode(prompt)[None]
   n = config.max_new_tokens
-  logging.info("generating up to %d tokens, dense and GSI", n)
   gate = gsi_jax.make_gate(eps, impl=config.impl, batch1_switch=True)
-  dense_ids, gsi_ids = (np.asarray(model.generate(p, ids, n, g))
-                        for p, g in ((model.params, None), (params, gate)))
-  logging.info("timing %d-token decodes, GSI beside dense in %d rounds", n, TIMED_ROUNDS)
-  timed = benchmarking.decode_beside(model, ids, n, TIMED_ROUNDS, params, gate, model.params)
+  with progress.step(f"generating up to {n} tokens, dense then GSI (compiling each)"):
+    dense_ids, gsi_ids = (np.asarray(model.generate(p, ids, n, g))
+                          for p, g in ((model.params, None), (params, gate)))
+  with progress.step(f"timing {n}-token decodes, GSI beside dense in {TIMED_ROUNDS} rounds"):
+    timed = benchmarking.decode_beside(model, ids, n, TIMED_ROUNDS, params, gate, model.params)
   _, decode_stats = model.generate(params, ids, n, gate, return_stats=True)
   decode_share = decode_stats["fast_share_by_layer"]
   decode_bytes = metrics.byte_accounting(params, decode_share, decode_stats["rows_by_layer"])
 
-  logging.info("scoring %d held-out tokens, dense and GSI", s.held_out.n_tokens)
-  dense_scores = metrics.score(model, model.params, s.held_out.ids)
-  gsi_scores = metrics.score(model, params, s.held_out.ids, gsi_jax.make_gate(eps, impl=config.impl))
+  with progress.step(f"scoring {s.held_out.n_tokens} held-out tokens, dense then GSI"):
+    dense_scores = metrics.score(model, model.params, s.held_out.ids)
+    gsi_scores = metrics.score(model, params, s.held_out.ids,
+                               gsi_jax.make_gate(eps, impl=config.impl))
   quality = metrics.quality(dense_scores, gsi_scores)
   eval_bytes = metrics.byte_accounting(params, gsi_scores["fast_share_by_layer"])
   T = ids.shape[1]
   return {
-      "model": model.config.name, "k": k, "eps": eps, "impl": config.impl, "prompt": prompt,
+      "model": model.config.name, "device": provenance.device_text(), "k": k, "eps": eps,
+      "impl": config.impl, "prompt": prompt,
       "dense_text": model.decode(dense_ids[0, T:]), "gsi_text": model.decode(gsi_ids[0, T:]),
       "identical": bool(np.array_equal(dense_ids, gsi_ids)),
       "dense_new_tokens": int(dense_ids.shape[1] - T), "gsi_new_tokens": int(gsi_ids.shape[1] - T),
@@ -79,7 +80,7 @@ def run_demo(config: experiment.ExperimentConfig, prompt: str) -> dict:
 def report(r: dict) -> str:
   c, e = r["calibration"], r["evaluation"]
   return "\n".join([
-      f"\n== {r['model']}: GSI k={r['k']}, eps={r['eps']} ({r['impl']}) ==",
+      f"\n== {r['model']}: GSI k={r['k']}, eps={r['eps']} ({r['impl']}), on {r['device']} ==",
       f"prompt: {r['prompt']!r}",
       f"dense : {r['dense_text']!r}",
       f"GSI   : {r['gsi_text']!r}",
@@ -88,9 +89,9 @@ def report(r: dict) -> str:
       f"speedup on weight reads: paper formula {r['decode_speedup_paper']:.2f}x, "
       f"true bytes per token {r['decode_speedup_bytes']:.2f}x",
       f"measured decode: dense {r['dense_tokens_per_s']:.1f} tok/s, GSI "
-      f"{r['gsi_tokens_per_s']:.1f} tok/s, {r['measured_speedup']:.2f}x "
-      f"[{r['speedup_low']:.2f}, {r['speedup_high']:.2f}] over {r['rounds']} paired rounds "
-      f"({r['verdict']})",
+      f"{r['gsi_tokens_per_s']:.1f} tok/s, " + benchmarking.ratio_text(
+          r["measured_speedup"], r["speedup_low"], r["speedup_high"])
+      + f" over {r['rounds']} paired rounds ({r['verdict']})",
       f"held-out text ({e['source']}, {e['tokens']} tokens; calibrated on {c['source']}, "
       f"{c['tokens']} tokens):",
       f"  perplexity dense {r['ppl_dense']:.3f}, GSI {r['ppl']:.3f}, ratio {r['ppl_ratio']:.4f}",

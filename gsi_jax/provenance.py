@@ -45,6 +45,12 @@ def process_cpu_s() -> float:
   return t.user + t.system
 
 
+def device_text() -> str:
+  """What this run computes on, for its first log line: "gpu: 1 x NVIDIA H200"."""
+  kinds = sorted({d.device_kind for d in jax.devices()})
+  return f"{jax.default_backend()}: {jax.device_count()} x {', '.join(kinds)}"
+
+
 def run_record() -> dict:
   """The `run` field of a result JSON.  wall_s runs from the process's start to the write;
   cpu_s is the CPU time it used meanwhile (cpu_s / wall_s: the cores it kept busy)."""
@@ -52,5 +58,5 @@ def run_record() -> dict:
           "cpus": os.cpu_count(),
           "last_level_cache_bytes": last_level_cache_bytes(),
           "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-          "backend": jax.default_backend(), "jax": jax.__version__,
+          "backend": jax.default_backend(), "devices": device_text(), "jax": jax.__version__,
           "python": platform.python_version()}

@@ -44,7 +44,9 @@ def test_decode_beside_each_times_one_base_decode_a_round_beside_every_tree():
                                           "dense")
   assert [params for params, *_ in model.calls] == ["dense", "a", "b"] * 3
   assert [t["rounds"] for t in timed] == [2, 2] and len(timed) == 2
-  assert all(t["speedup_low"] <= t["measured_speedup"] <= t["speedup_high"] for t in timed)
+  # Two rounds: a ratio each, but no interval and no verdict.
+  assert all(t["measured_speedup"] > 0 and t["speedup_low"] is None is t["speedup_high"]
+             and t["verdict"] == "too few rounds" for t in timed)
   # Both ratios are taken against the same dense rounds.
   assert timed[0]["dense_tokens_per_s"] == timed[1]["dense_tokens_per_s"]
 
@@ -85,6 +87,21 @@ def test_ratio_interval_is_the_median_ratio_and_a_bootstrap_interval_around_it()
   assert noisy["base_spread"] == pytest.approx(3.0)
   assert benchmarking.verdict(noisy) == "within noise"
   assert benchmarking.verdict(benchmarking.ratio_interval([1.0] * 4, [2.0] * 4)) == "slower"
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_fewer_than_three_rounds_give_a_ratio_but_no_interval_and_no_verdict(rounds):
+  pair = benchmarking.ratio_interval([4.0] * rounds, [1.0] * rounds)
+  assert pair["ratio"] == 4.0 and pair["rounds"] == rounds
+  assert pair["ratio_low"] is None and pair["ratio_high"] is None
+  assert benchmarking.verdict(pair) == "too few rounds"
+  fields = benchmarking.interval_fields(pair)
+  assert (fields["speedup_low"], fields["speedup_high"], fields["verdict"]) == (
+      None, None, "too few rounds")
+  assert benchmarking.ratio_text(4.0, None, None) == "4.00x (too few rounds for an interval)"
+  assert benchmarking.ratio_text(1.5, 1.25, 1.75) == "1.50x [1.25, 1.75]"
+  three = benchmarking.ratio_interval([4.0] * 3, [1.0] * 3)
+  assert (three["ratio_low"], three["ratio_high"]) == (4.0, 4.0)
 
 
 def test_ratio_interval_refuses_unpaired_rounds():

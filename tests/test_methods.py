@@ -65,7 +65,10 @@ def example_method():
     methods.unregister(global_sparsity.METHOD.name)
 
 
-def test_a_method_in_its_own_file_runs_through_pareto(example_method, tiny_folder, tmp_path):
+def test_a_method_in_its_own_file_runs_through_pareto(example_method, tiny_folder, tmp_path,
+                                                      capsys):
+  """Also: one paired round gives each record a ratio but no interval and no verdict, and
+  the run names no fastest method; the budget table has a column per method that ran."""
   folder, _ = tiny_folder("llama_gqa")
   out = tmp_path / "pareto.json"
   run_in_process("pareto", SMALL + [
@@ -82,6 +85,15 @@ def test_a_method_in_its_own_file_runs_through_pareto(example_method, tiny_folde
   assert mine["target=0.3"]["tokens_per_s"] > 0  # decoded through its fast path, timed
   assert result["config"]["global_sparsity"] == [0.0, 0.3]
   assert all("sparsity_global_ppl_ratio" in row for row in result["config"]["budgets"])
+  assert {key.rsplit("_", 2)[0] for row in result["config"]["budgets"] for key in row
+          if key != "budget"} == {"sparsity", "sparsity_global"}
+  for r in result["records"]:
+    assert (r["rounds"], r["speedup_low"], r["speedup_high"], r["verdict"]) == (
+        1, None, None, "too few rounds")
+  assert result["config"]["best_measured"] == []
+  printed = capsys.readouterr().out
+  assert "no fastest method per perplexity limit: speed was timed in 1 paired rounds" in printed
+  assert "too few rounds" in printed and "ppl_ratio_limit" not in printed
 
 
 @pytest.mark.parametrize("args, message", [

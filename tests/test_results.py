@@ -38,11 +38,17 @@ def test_best_measured_takes_the_fastest_within_each_limit():
       {"method": "b", "knob": "y", "measured_speedup": 0.9, "ppl_ratio": 1.0,
        "bytes_fraction": 1.1, "tokens_per_s": 1.8},
       {"method": "c", "knob": "z", "ppl_ratio": 1.0, "bytes_fraction": 0.4},  # not timed
+      {"method": "d", "knob": "w", "measured_speedup": 4.25, "speedup_low": None,
+       "ppl_ratio": 1.0, "bytes_fraction": 1.0},  # one round: no interval, never picked
   ]
+  for r in records[:2]:
+    r["speedup_low"] = r["measured_speedup"] - 0.1
   rows = {r["ppl_ratio_limit"]: r for r in front.best_measured(records)}
   assert set(rows) == set(front.PPL_LIMITS)
   assert rows[1.01]["method"] == "b" and rows[1.10]["method"] == "b"
-  assert front.best_measured(records[2:])[0] == {"ppl_ratio_limit": front.PPL_LIMITS[0]}
+  assert front.best_measured(records[1:2] + records[2:])[0]["method"] == "b"
+  assert front.best_measured(records[:1])[0] == {"ppl_ratio_limit": front.PPL_LIMITS[0]}
+  assert front.best_measured(records[2:]) == []  # nothing with an interval: no pick at all
 
 
 def check_pareto_summaries(result):

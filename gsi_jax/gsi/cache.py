@@ -27,7 +27,10 @@ from gsi_jax.gsi.calibration import calibrate
 from gsi_jax.gsi.checkpoint import check_writable, exclusive, load_bases, save_bases
 from gsi_jax.text import TokenWindows
 
-DEFAULT_BASES_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gsi_jax", "bases")
+# Where every script's --bases_dir points unless told: $GSI_JAX_BASES_DIR, else the user's
+# cache folder.
+DEFAULT_BASES_DIR = os.environ.get("GSI_JAX_BASES_DIR") or os.path.join(
+    os.path.expanduser("~"), ".cache", "gsi_jax", "bases")
 
 
 def bases_path(bases_dir: str, model_name: str, identity: dict, method: str) -> str:

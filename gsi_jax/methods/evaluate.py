@@ -13,9 +13,11 @@ import numpy as np
 
 from gsi_jax import distributed, metrics, sharding
 from gsi_jax.errors import GSIError
-from gsi_jax.benchmarking import decode_beside_each, decode_tokens_per_s
+from gsi_jax.benchmarking import decode_beside_each, decode_tokens_per_s, ratio_text
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.ops import make_gate
+
+UNTIMED = "untimed"  # a record's verdict with --speed_repeats=0
 
 
 def batch1(gate):
@@ -82,8 +84,13 @@ class Evaluator:
     decode (a drift of the machine's speed then cancels in their per-round ratios): the
     fields of `benchmarking.decode_beside_each`, for one method's trees ((params, gate)
     each) at once, so that one dense decode a round serves them all.  Its phase_s
-    "timed_decode" is its share of those rounds.  Nothing without timing."""
-    if not self.speed_repeats or not records:
+    "timed_decode" is its share of those rounds.  Without timing, each record's verdict
+    says "untimed"."""
+    if not self.speed_repeats:
+      for rec in records:
+        rec["verdict"] = UNTIMED
+      return
+    if not records:
       return
     start = time.perf_counter()
     timed = decode_beside_each(self.model, self._timed_ids(), self.s.config.max_new_tokens,
@@ -94,9 +101,9 @@ class Evaluator:
     for rec, t in zip(records, timed):
       rec.update(t)
       rec["phase_s"]["timed_decode"] = share
-      logging.info("%s %s: %.1f tokens/s (dense beside it %.1f), %.2fx [%.2f, %.2f]",
-                   rec["method"], rec["knob"], t["tokens_per_s"], t["dense_tokens_per_s"],
-                   t["measured_speedup"], t["speedup_low"], t["speedup_high"])
+      logging.info("%s %s: %.1f tokens/s (dense beside it %.1f), %s", rec["method"],
+                   rec["knob"], t["tokens_per_s"], t["dense_tokens_per_s"],
+                   ratio_text(t["measured_speedup"], t["speedup_low"], t["speedup_high"]))
 
   def calib_scores(self, params, gate, windows: int = 8) -> dict:
     """`metrics.score` on the first calibration windows, where budgets are set (never on

@@ -31,11 +31,13 @@ def frontier_at(records, budget, key):
 
 
 def budget_rows(records, methods: Sequence[str]) -> list[dict]:
-  """Per budget, every method's perplexity ratio and top-1 along its front."""
+  """Per budget, the perplexity ratio and top-1 along the front of each of `methods` that
+  made a record (in that order): a method that did not run has no column."""
+  ran = [m for m in methods if any(r["method"] == m for r in records)]
   rows = []
   for budget in BUDGETS:
     row = {"budget": budget}
-    for method in methods:
+    for method in ran:
       mine = [r for r in records if r["method"] == method]
       row[f"{method}_ppl_ratio"] = frontier_at(mine, budget, "ppl_ratio")
       row[f"{method}_top1"] = frontier_at(mine, budget, "top1_agreement")
@@ -53,11 +55,15 @@ def matched_uniform(records, uniform_of: Mapping[str, str]) -> None:
 
 
 def best_measured(records) -> list[dict]:
-  """Per perplexity-ratio limit, the record with the highest measured speedup (records
-  written before dense was timed beside each one have no dense_tokens_per_s)."""
+  """Per perplexity-ratio limit, the record with the highest measured speedup among those
+  with an interval (timed in at least `benchmarking.MIN_ROUNDS` paired rounds); no rows
+  when no record has one, for a pick from one or two rounds is a pick of noise."""
+  timed = [r for r in records if r.get("speedup_low") is not None]
+  if not timed:
+    return []
   rows = []
   for limit in PPL_LIMITS:
-    ok = [r for r in records if r["ppl_ratio"] <= limit and "measured_speedup" in r]
+    ok = [r for r in timed if r["ppl_ratio"] <= limit]
     best = max(ok, key=lambda r: r["measured_speedup"], default=None)
     rows.append({"ppl_ratio_limit": limit,
                  **({} if best is None else

@@ -1,0 +1,41 @@
+"""Progress lines for long work: a step's start and its seconds when done, and a loop's
+count every EVERY_S seconds.  They are log lines (absl's INFO), one per update, so that a
+supervised process's log file reads as a terminal does; no carriage-return bar."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+EVERY_S = 10.0  # a loop says where it is at most this often
+
+
+@contextlib.contextmanager
+def step(what: str):
+  """"what ..." now, and "what: done in N s" when the block ends; compiling included."""
+  logging.info("%s ...", what)
+  start = time.perf_counter()
+  yield
+  logging.info("%s: done in %.1f s", what, time.perf_counter() - start)
+
+
+class Counter:
+  """A loop of `total` items that says "what: i/total (p%), N s" every EVERY_S seconds,
+  and its total time at the end if it ran longer than that; silent when quick."""
+
+  def __init__(self, what: str, total: int, every_s: float = EVERY_S):
+    self.what, self.total, self.every_s, self.done = what, total, every_s, 0
+    self.start = self.said = time.perf_counter()
+
+  def advance(self, n: int = 1) -> None:
+    self.done += n
+    now = time.perf_counter()
+    if self.done >= self.total:
+      if now - self.start >= self.every_s:
+        logging.info("%s: %d/%d, done in %.1f s", self.what, self.done, self.total,
+                     now - self.start)
+    elif now - self.said >= self.every_s:
+      self.said = now
+      logging.info("%s: %d/%d (%.0f%%), %.0f s", self.what, self.done, self.total,
+                   100 * self.done / self.total, now - self.start)
