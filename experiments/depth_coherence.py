@@ -49,7 +49,8 @@ def plot(summary, records, title, out):
 def main(argv):
   config = cli.experiment_config(OUT)
   s, records, summary = depth_coherence(config)
-  experiment.write_records(config.out, s.describe(summary=summary), records, COLUMNS)
+  experiment.write_records(config.out, s.describe(summary=summary), records, COLUMNS,
+                           show=False)
   print(experiment.markdown_table(summary, SUMMARY))
   plot(summary, records, s.model.config.name, config.out)
 

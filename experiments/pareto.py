@@ -9,7 +9,9 @@ knob given for a method this run does not evaluate is refused, naming its method
 point is scored on the held-out text, its greedy generations compared with dense, its
 weight bytes per token counted (LM head and embeddings included), and its batch-1 decode
 timed in alternating rounds with dense decode, one dense decode a round beside each of its
-method's points (measured_speedup: the median of the per-round ratios; speedup_low and
+method's points; dense is the faster of XLA's dot and the kept-rows kernel keeping every
+row (best_dense, chosen in 3 rounds or more at the start; on CPU the kernel), so a speedup
+is what skipping adds (measured_speedup: the median of the per-round ratios; speedup_low and
 speedup_high: its bootstrap 95% interval, absent below 3 rounds, as is the fastest
 method per perplexity limit; verdict: faster, slower, within noise, too few rounds or
 untimed).  With --learned the learned allocations run beside their uniform methods;
@@ -163,7 +165,8 @@ def pareto(c: ParetoConfig):
                    "knobs (--methods, --helpfull lists the knobs)")
   matched_uniform(records, uniform_of())
   beside = [r["dense_tokens_per_s"] for r in records if "dense_tokens_per_s" in r]
-  speed = {"dense_tokens_per_s": ev.dense_tokens_per_s,
+  speed = {"dense_tokens_per_s": ev.dense_tokens_per_s, "best_dense": ev.best_dense,
+           "best_dense_choice": ev.best_dense_choice,
            "dense_tokens_per_s_end": ev.tokens_per_s(ev.base, None)[0],
            "dense_tokens_per_s_beside": [min(beside), max(beside)] if beside else None,
            "best_measured": best_measured(records)}

@@ -109,6 +109,28 @@ def ratio_text(ratio: float, low, high) -> str:
   return f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
 
 
+def median_seconds(fn, repeats: int) -> float:
+  """The median of `repeats` runs of fn, after one that compiles and warms up."""
+  times, _ = alternating_rounds([fn], repeats)
+  return float(np.median([t for t, in times]))
+
+
+def read_ceiling(n_bytes: int, repeats: int) -> dict:
+  """The device's read bandwidth, measured: a jitted sum over n_bytes of float32 and a copy
+  of them (a read and a write), each the median of `repeats`; the larger is the ceiling
+  (`ceiling_gb_s`).  n_bytes must exceed the last-level cache several times, else the sum
+  reads the cache."""
+  n = int(n_bytes) // 4
+  x = jnp.ones((n,), jnp.float32) + 0  # on the device, not a broadcast constant
+  total, copy = jax.jit(jnp.sum), jax.jit(lambda a: a + 1)
+  read_s = median_seconds(lambda: total(x).block_until_ready(), repeats)
+  copy_s = median_seconds(lambda: copy(x).block_until_ready(), repeats)
+  reduce_gb_s, copy_gb_s = 4 * n / read_s / 1e9, 2 * 4 * n / copy_s / 1e9
+  logging.info("read ceiling: sum %.1f GB/s, copy %.1f GB/s", reduce_gb_s, copy_gb_s)
+  return {"bytes": 4 * n, "reduce_gb_s": reduce_gb_s, "copy_gb_s": copy_gb_s,
+          "ceiling_gb_s": max(reduce_gb_s, copy_gb_s)}
+
+
 def best_time(fn, repeats: int) -> float:
   return min(_seconds(fn) for _ in range(repeats))
 

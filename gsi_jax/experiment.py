@@ -256,12 +256,15 @@ def markdown_table(records: list[dict], columns: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
-def write_records(out: str, config: dict, records: list[dict], columns: Sequence[str]) -> str:
-  """Print the Markdown table; write {"config", "records"} JSON and the table beside it."""
+def write_records(out: str, config: dict, records: list[dict], columns: Sequence[str],
+                  show: bool = True) -> str:
+  """Write {"config", "records"} JSON and the Markdown table beside it; print the table, or
+  with show=False (per-layer rows: the caller prints a summary) say where it is."""
   table = markdown_table(records, columns)
-  print(table)
+  md = os.path.splitext(out)[0] + ".md"
+  print(table if show else f"{len(records)} rows: {md}")
   write_json(out, {"config": config, "records": records})
-  write_text_atomic(os.path.splitext(out)[0] + ".md", table + "\n")
+  write_text_atomic(md, table + "\n")
   return out
 
 

@@ -190,7 +190,7 @@ PER_FAMILY = ("quality_table", "generation_fidelity", "theorem4_check")
 @pytest.mark.parametrize("script, family", [(script, family) for script in SCRIPTS
                                             for family in ("gpt2", "gptj", "opt")
                                             if script in PER_FAMILY or family == "gpt2"])
-def test_script_end_to_end(tiny_folder, tmp_path, family, script):
+def test_script_end_to_end(tiny_folder, tmp_path, family, script, capsys):
   folder, _ = tiny_folder(family)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("def main():\nclass A:\n")
@@ -203,6 +203,11 @@ def test_script_end_to_end(tiny_folder, tmp_path, family, script):
   assert result["records"], "no records"
   globals()[f"check_{script}"](result["records"])
   assert (tmp_path / "sub" / f"{script}.md").exists()
+  if script == "depth_coherence":  # per-layer rows to the files, the summary to the terminal
+    printed = capsys.readouterr().out
+    assert "mean_over_layers" in printed and "next_layer" not in printed
+    assert f"{len(result['records'])} rows: {tmp_path / 'sub' / script}.md" in printed
+    assert "next_layer" in (tmp_path / "sub" / f"{script}.md").read_text()
 
 
 def test_pareto_cats_on_a_gated_mlp(tiny_folder, tmp_path):
@@ -318,7 +323,8 @@ def run_decode_benchmark(args):
     (["--gsi=8:0.1,8:0.1"], "--gsi repeats a point"),
     (["--prompt= "], "--prompt is empty"),
     (["--repeats=0"], "--repeats must be a positive whole number"),
-    (["--peak_bandwidth_gb_s=0"], "--peak_bandwidth_gb_s must be > 0"),
+    (["--ceiling_gib=-1"], "--ceiling_gib must be >= 0"),
+    (["--ceiling_gib=100000"], "--ceiling_gib: the read ceiling's"),
 ])
 def test_decode_benchmark_checks_flags_before_loading(bad, message):
   # A model path that does not exist: a flag check that ran after loading would say so instead.
@@ -344,10 +350,21 @@ def test_decode_benchmark_times_points_beside_dense_and_profiles_them(tiny_folde
   out = tmp_path / "decode.json"
   proc = run_decode_benchmark([f"--model={folder}", "--prompt=abc", "--max_new_tokens=4",
                                "--repeats=3", "--gsi=8:0.1", "--kept_all", "--cats_all",
-                               "--profile",
+                               "--profile", "--ceiling_gib=0.0625",
                                f"--bases_dir={tmp_path / 'bases'}", f"--out={out}"])
   assert proc.returncode == 0, proc.stderr[-3000:]
   r = json.loads(out.read_text())
+  # The read ceiling measured in the run, and dense's share of it.
+  ceiling = r["read_ceiling"]
+  assert ceiling["bytes"] == 2**26 and r["read_ceiling_gb_s"] == max(
+      ceiling["reduce_gb_s"], ceiling["copy_gb_s"]) > 0
+  assert r["dense_gb_s"] == pytest.approx(r["dense_bytes_per_token"]
+                                          * r["jax_dense_tokens_per_s"] / 1e9)
+  assert r["dense_of_read_ceiling"] == pytest.approx(r["dense_gb_s"] / r["read_ceiling_gb_s"])
+  # GSI is timed beside the faster dense path: every row kept where its interval says so.
+  assert r["best_dense"] == ("kept_rows_every_row_kept" if r["kept_all"]["verdict"] == "faster"
+                             else "xla")
+  assert r["gsi"][0]["beside"] == r["best_dense"]
   for point in (r["gsi"][0], r["kept_all"], r["cats_all"]):
     assert point["speedup_low"] <= point["measured_speedup"] <= point["speedup_high"]
     assert point["rounds"] == 3 and point["tokens_per_s"] > 0 and point["dense_tokens_per_s"] > 0
@@ -392,6 +409,9 @@ def test_demo_times_gsi_beside_dense_with_an_interval(tiny_folder, tmp_path):
   r = json.loads(out.read_text())
   assert r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
   assert r["rounds"] == 7 and r["verdict"] in ("faster", "slower", "within noise")
+  assert r["best_dense_choice"]["rounds"] == 7 and r["best_dense"] == (
+      "kept_rows_every_row_kept" if r["best_dense_choice"]["verdict"] == "faster" else "xla")
+  assert f"dense ({r['best_dense']})" in proc.stdout and "running on cpu: 1 x cpu" in proc.stderr
   assert r["measured_speedup"] == pytest.approx(
       r["gsi_tokens_per_s"] / r["dense_tokens_per_s"], rel=0.5)
   assert f"over 7 paired rounds ({r['verdict']})" in proc.stdout

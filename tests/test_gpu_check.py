@@ -4,6 +4,7 @@ the summary it ends with."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -211,8 +212,7 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
   made = json.loads((tmp_path / "s.json").read_text())
   committed = json.loads(open(os.path.join(H200, "gpu_summary.json")).read())
   made.pop("run"), committed.pop("run")
-  # The committed summary predates this field: the steps that did not pass.
-  assert made.pop("failed_steps") == ["kernel_check", "kernel_tests", "scale"]
+  assert made["failed_steps"] == ["kernel_check", "kernel_tests", "scale"]
   for summary in (made, committed):  # scale never wrote its JSON: the message names a path
     summary["gptj_6b_shape"]["missing"] = os.path.basename(
         summary["gptj_6b_shape"]["missing"])
@@ -230,6 +230,12 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
       [2.33, 2.19, 2.39]
   assert [round(one_slow[k], 2) for k in ("speedup", "speedup_low", "speedup_high")] == \
       [0.71, 0.67, 0.73]
+  # All fast, the byte ideals: M against W (16x, 64x at fc_out), and with V_k, which
+  # g = x V_k reads on every token (8x to 12.8x).
+  ideals = {(d, o): (r["byte_ideal_speedup"], round(r["byte_ideal_with_v_k"], 2))
+            for (d, o, tokens, fast), r in calls.items() if tokens == 1 and fast == 1.0}
+  assert ideals == {(4096, 16384): (16.0, 12.8), (4096, 4096): (16.0, 8.0),
+                    (16384, 4096): (64.0, 12.8)}
   assert max(r["speedup_high"] for r in s["kernel_calls"] if r["tokens"] > 1) < 1.1
   kept = {(r["kernel"], r["tokens"], round(r["keep_share"], 1)): r for r in s["kept_calls"]}
   assert all(r["passed"] for r in s["kept_calls"]) and len(kept) == 18
@@ -239,3 +245,17 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
   scale = json.loads(open(os.path.join(H200, "rerun", "scale_gptj_6b.json")).read())
   assert round(scale["calibration_s"]["cascade"], 1) == 164.9 and scale["layers"] == 28
   assert round(scale["dense_tokens_per_s"], 1) == 283.7 and scale["points"] == []
+
+
+def test_the_stated_bound_is_the_sum_of_every_limit():
+  """The header's "at most 605 s" is the device line's timeouts, each step's limit and the
+  summary's timeout: nothing in the script runs unbounded."""
+  script = open(os.path.join(ROOT, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
+  steps = [int(s) for s in re.findall(r"^step \w+ (\d+) ", script, re.M)]
+  timeouts = [int(s) for s in re.findall(r"timeout (\d+) ", script)]
+  assert len(steps) == len(STEPS)
+  assert sum(steps) + sum(timeouts) == 605 and "at most 605 s, 10.1 minutes" in script
+  # Every command outside a step is under a timeout: the device line's two and the summary.
+  assert re.findall(r"(timeout \d+ )?(nvidia-smi --query|\$PY -c|\$PY benchmarks/gpu_summary)",
+                    script) == [("timeout 10 ", "nvidia-smi --query"), ("timeout 20 ", "$PY -c"),
+                                ("timeout 20 ", "$PY benchmarks/gpu_summary")]

@@ -674,3 +674,35 @@ def test_where_a_calibrations_time_goes_on_the_xeon():
   assert [round(r, 2) for r in ratios] == [1.0, 1.05, 1.05]
   assert all("calibration_phase_s" not in r for r in before)
   assert {r["run"]["cpu"] for r in after + before} == {"Intel(R) Xeon(R) Processor"}
+
+
+def _best_dense_module():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      "best_dense", os.path.join(ROOT, "benchmarks", "best_dense.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_speed_over_the_best_dense_is_each_ratio_over_every_row_kept():
+  """results/pareto_best_dense.json (README's summary, RESULTS §11.2): pareto.json's ratios
+  over its every-row-kept record's (1.22x XLA's dense); target 0.25 gains 1.12x over it."""
+  from gsi_jax.errors import GSIError
+  best_dense = _best_dense_module()
+  pareto = load("pareto.json")["records"]
+  best, rows = best_dense.over_best_dense(pareto)
+  committed = load("pareto_best_dense.json")
+  assert committed["records"] == rows
+  assert {k: committed["config"][k] for k in best} == best
+  assert best["best_dense"] == "kept_rows_every_row_kept"
+  assert round(best["kept_all_over_xla"], 2) == 1.22
+  by = {(r["method"], r["knob"]): r["over_best_dense"] for r in rows}
+  assert by[("sparsity", "target=0.0")] == 1.0
+  assert round(by[("sparsity", "target=0.25")], 2) == 1.12
+  assert round(by[("gsi", "k=128,eps=0.05")], 2) == 0.66
+  # A run already timed beside the best dense, or one without every row kept, is refused.
+  with pytest.raises(GSIError, match="already timed beside the best dense"):
+    best_dense.over_best_dense([{**pareto[0], "beside": "kept_rows_every_row_kept"}])
+  with pytest.raises(GSIError, match="no timed record of sparsity with every row kept"):
+    best_dense.over_best_dense([r for r in pareto if r["knob"] != "target=0.0"])

@@ -11,19 +11,42 @@ import time
 import jax
 import numpy as np
 
-from gsi_jax import distributed, metrics, sharding
+from gsi_jax import distributed, metrics, peers, progress, sharding
 from gsi_jax.errors import GSIError
-from gsi_jax.benchmarking import decode_beside_each, decode_tokens_per_s, ratio_text
+from gsi_jax.benchmarking import (MIN_ROUNDS, decode_beside, decode_beside_each,
+                                  decode_tokens_per_s, ratio_text)
 from gsi_jax.metrics import bytes as mbytes
+from gsi_jax.models import params as P
 from gsi_jax.ops import make_gate
 
 UNTIMED = "untimed"  # a record's verdict with --speed_repeats=0
+XLA_DENSE, KEPT_ROWS_DENSE = "xla", "kept_rows_every_row_kept"  # the dense paths timed beside
 
 
 def batch1(gate):
   """The gate a record decodes with: the same, through the batch-1 fast paths."""
   return make_gate(0.0, batch1_switch=True) if gate is None \
       else gate.replace(batch1_switch=True)
+
+
+def best_dense(model, params, ids, n: int, rounds: int):
+  """(name, (params, gate), choice): the faster dense decode of n tokens, XLA's dot or the
+  kept-rows kernel keeping every row ("kept_rows_every_row_kept" where its interval over
+  XLA's lies above 1, in max(rounds, MIN_ROUNDS) paired rounds), to time methods beside;
+  `choice` holds that ratio.  On CPU the kernel is faster, and a method timed beside XLA
+  would count the kernel's own speed as skipping's."""
+  kept_all = peers.apply_sparsity(params, P.per_site(params, 0.0))
+  gate = make_gate(0.0, batch1_switch=True)
+  with progress.step("timing dense decode through XLA's dot and the kept-rows kernel"):
+    pair = decode_beside(model, ids, n, max(rounds, MIN_ROUNDS), kept_all, gate, params)
+  choice = {"kept_rows_over_xla": pair["measured_speedup"],
+            **{k: pair[k] for k in ("speedup_low", "speedup_high", "rounds", "verdict")}}
+  name, tree = (KEPT_ROWS_DENSE, (kept_all, gate)) if pair["verdict"] == "faster" \
+      else (XLA_DENSE, (params, None))
+  logging.info("every row kept through the kept-rows kernel: %s XLA's dense; timing beside %s",
+               ratio_text(pair["measured_speedup"], pair["speedup_low"], pair["speedup_high"]),
+               name)
+  return name, tree, choice
 
 
 def release_executables():
@@ -56,6 +79,16 @@ class Evaluator:
     self.dense_tokens_per_s = self.tokens_per_s(setup.model.params, None)[0]
     if self.dense_tokens_per_s:
       logging.info("dense decode: %.1f tokens/s", self.dense_tokens_per_s)
+    # The dense decode every record is timed beside (`best_dense`): XLA's dot, or the
+    # kept-rows kernel keeping every row where that decodes faster (its interval above 1;
+    # on CPU it does), so that a record's speed is what its skipping adds and not the
+    # kernel's own.  On a mesh, XLA's.
+    self.best_dense, self.best_dense_choice = XLA_DENSE, None
+    self.dense_tree = (setup.model.params, None)
+    if self.speed_repeats and self.mesh is None:
+      self.best_dense, self.dense_tree, self.best_dense_choice = best_dense(
+          self.model, setup.model.params, self._timed_ids(), self.s.config.max_new_tokens,
+          self.speed_repeats)
 
   def placed(self, params):
     """params on the mesh, as the model's own are (unchanged on one device)."""
@@ -96,10 +129,10 @@ class Evaluator:
     timed = decode_beside_each(self.model, self._timed_ids(), self.s.config.max_new_tokens,
                                self.speed_repeats,
                                [(self.placed(p), batch1(g)) for p, g in trees],
-                               self.model.params)
+                               *self.dense_tree)
     share = (time.perf_counter() - start) / len(records)
     for rec, t in zip(records, timed):
-      rec.update(t)
+      rec.update(t, beside=self.best_dense)
       rec["phase_s"]["timed_decode"] = share
       logging.info("%s %s: %.1f tokens/s (dense beside it %.1f), %s", rec["method"],
                    rec["knob"], t["tokens_per_s"], t["dense_tokens_per_s"],

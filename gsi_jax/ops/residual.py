@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
-import jax.numpy as jnp
 
 from gsi_jax.ops.gate import Gate
 from gsi_jax.ops.sparse_rows import kept_product, magnitude_keep

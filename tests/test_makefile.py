@@ -1,0 +1,91 @@
+"""The Makefile leaves the platform to jax (a GPU when jax's plugin finds one) for the demo,
+the experiments and the benchmarks, pins the CPU for the tests alone, and installs jax's
+CUDA plugin with GPU=cuda12|cuda13; `make notebook` never rewrites the committed files.
+
+Each make runs against a stand-in virtual environment whose python prints its
+environment's JAX_PLATFORMS and its arguments, so nothing is installed or run."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "notebooks"))
+import execute  # pylint: disable=wrong-import-position  (notebooks/execute.py)
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+
+
+@pytest.fixture
+def venv(tmp_path):
+  """A folder make takes for .venv: installed (its stamps are newer than setup.cfg), and a
+  python that prints what it was given."""
+  (tmp_path / "bin").mkdir()
+  python = tmp_path / "bin" / "python"
+  python.write_text('#!/bin/sh\necho "JAX_PLATFORMS=${JAX_PLATFORMS-unset} $*"\n')
+  python.chmod(0o755)
+  for stamp in (".installed", ".installed-cuda12"):
+    (tmp_path / stamp).touch()
+  return tmp_path
+
+
+def make(*args, env_extra=None):
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  return subprocess.run(["make", "-s", "--no-print-directory", *args], cwd=ROOT, text=True,
+                        capture_output=True, env={**env, **(env_extra or {})}, timeout=60)
+
+
+@pytest.mark.parametrize("target, platforms", [
+    ("demo", "unset"), ("notebook", "unset"),   # jax picks the device
+    ("test", "cpu"), ("test-multiprocess", "cpu"),  # the tests pin the CPU
+])
+@pytest.mark.parametrize("gpu", ["", "cuda12"])
+def test_only_the_tests_set_jax_platforms(venv, target, platforms, gpu):
+  proc = make(target, f"VENV={venv}", f"GPU={gpu}")
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith(f"JAX_PLATFORMS={platforms} "), proc.stdout
+
+
+def test_a_platform_the_user_sets_reaches_the_demo(venv):
+  proc = make("demo", f"VENV={venv}", "GPU=", env_extra={"JAX_PLATFORMS": "cuda"})
+  assert proc.stdout.startswith("JAX_PLATFORMS=cuda -m gsi_jax.demo"), proc.stdout
+
+
+@pytest.mark.parametrize("gpu, extras, stamp", [
+    ("", "test", ".installed"), ("cuda12", "test,cuda12", ".installed-cuda12"),
+    ("cuda13", "test,cuda13", ".installed-cuda13"),
+])
+def test_gpu_picks_jax_cuda_extra_and_its_own_stamp(tmp_path, gpu, extras, stamp):
+  proc = make("-n", "demo", f"VENV={tmp_path}", f"GPU={gpu}")
+  assert proc.returncode == 0, proc.stderr
+  assert f"pip install -q -e '.[{extras}]'" in proc.stdout
+  assert f"touch {tmp_path}/{stamp}" in proc.stdout
+
+
+def test_the_extras_are_jax_own():
+  """setup.cfg's cuda12 and cuda13 extras are jax's extras of those names."""
+  text = open(os.path.join(ROOT, "setup.cfg"), encoding="utf-8").read()
+  for name in ("cuda12", "cuda13"):
+    assert f"{name} =\n    jax[{name}]\n" in text
+
+
+def test_an_unknown_gpu_is_refused_before_anything_runs(venv):
+  proc = make("demo", f"VENV={venv}", "GPU=rocm")
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert "GPU=rocm: choose cuda12, cuda13, or nothing for CPU jax" in proc.stderr
+
+
+def test_make_notebook_writes_under_runs_and_commit_writes_in_place(venv):
+  assert make("notebook", f"VENV={venv}").stdout.strip().endswith("notebooks/execute.py")
+  assert make("notebook-commit", f"VENV={venv}").stdout.strip().endswith(
+      "notebooks/execute.py --commit")
+  assert execute.outputs(commit=False) == ("notebooks/runs/subspace_coherence.ipynb",
+                                           "notebooks/runs/subspace_coherence.json")
+  assert execute.outputs(commit=True) == (execute.NOTEBOOK, execute.COMMITTED_JSON)
+  nb = nbformat.read(os.path.join(ROOT, execute.NOTEBOOK), as_version=4)
+  params = execute.with_json_out(nb, "notebooks/runs/x.json").cells[1].source
+  assert "OUT = 'notebooks/runs/x.json'" in params and "results/" not in params
