@@ -31,10 +31,10 @@ demo: $(STAMP)
 # The tests that start several real processes (marked multiprocess: about 15 minutes here)
 # run apart, so that each command stays within 25 minutes on a fresh clone; CI runs both.
 test: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -m "not multiprocess" tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "not multiprocess" tests
 
 test-multiprocess: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m multiprocess tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf, torch or triton.  Every test that needs none of those, nor the default model's

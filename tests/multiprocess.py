@@ -8,6 +8,7 @@ restores and decodes through the library, as a user's script would.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIB = (np.arange(192, dtype=np.int32) * 7 % 97 + 1).reshape(-1, 16)
 PROMPT = np.array([[3, 17, 5, 40, 22]], np.int32)
 K, EPS, NEW_TOKENS = 8, 0.5, 6
+
+# One of absl's INFO lines ("I1206 06:34:41.536372 140676 cli.py:164] ..."), which a test of a
+# process's closing line sets aside.
+ABSL_INFO = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 
 
 def free_port() -> int:

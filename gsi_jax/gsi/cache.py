@@ -77,6 +77,9 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
     distributed.same_as_primary(int(bases is not None), "cached bases", path)
     if bases is None:
       progress = path + "-layers"  # resumes an interrupted calibration
+      logging.info("no cached bases for this model and text in %s: calibrating once, layer by "
+                   "layer (later runs restore them; --bases_dir or $GSI_JAX_BASES_DIR moves "
+                   "this cache)", bases_dir)
       bases = _calibrate(model, params, windows, k_max, method, progress, mesh)
       save_bases(path, bases)
       if distributed.is_primary():
