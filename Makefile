@@ -31,7 +31,7 @@ demo: $(STAMP)
 # The tests that start several real processes (marked multiprocess: about 15 minutes here)
 # run apart, so that each command stays within 25 minutes on a fresh clone; CI runs both.
 test: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 -m "not multiprocess" tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=15 -m "not multiprocess" tests
 
 test-multiprocess: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
@@ -137,7 +137,7 @@ notebook-commit: $(STAMP)
 benchmarks: $(STAMP)
 	$(PY) benchmarks/linear.py
 	$(PY) benchmarks/sparse_rows.py
-	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf
+	$(PY) benchmarks/decode.py --gsi 384:0.02,384:0.2,128:inf --kept_all
 	$(PY) benchmarks/decode.py --profile --torch=false --out results/benchmarks/decode_profile.json
 	$(PY) benchmarks/decode.py --profile --kept_all --cats_all --gsi 384:0 --torch=false --repeats 9 \
 	  --out results/benchmarks/decode_dense_equivalents.json

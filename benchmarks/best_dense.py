@@ -18,32 +18,11 @@ from absl import flags
 
 from gsi_jax import cli, experiment
 from gsi_jax.errors import GSIError
+from gsi_jax.methods.front import over_best_dense
 
 _PARETO = flags.DEFINE_string("pareto", "results/pareto.json", "A pareto.py JSON timed beside "
                               "XLA's dense.")
 _OUT = flags.DEFINE_string("out", "results/pareto_best_dense.json", "JSON output.")
-KEPT_ALL = ("sparsity", "target=0.0")  # (method, knob): every row kept
-
-
-def over_best_dense(records: list[dict]) -> tuple[dict, list[dict]]:
-  """(the every-row-kept record's figures, each timed record's ratio over the best dense)."""
-  if any(r.get("beside", "xla") != "xla" for r in records):
-    raise GSIError("--pareto: its records were already timed beside the best dense path "
-                   "(their `beside` field); read their measured_speedup as it is")
-  kept = next((r for r in records if (r["method"], r["knob"]) == KEPT_ALL
-               and r.get("measured_speedup")), None)
-  if kept is None:
-    raise GSIError("--pareto: the run has no timed record of sparsity with every row kept "
-                   "(--sparsity 0); rerun pareto.py with it")
-  best = max(1.0, kept["measured_speedup"])
-  rows = [{"method": r["method"], "knob": r["knob"], "bytes_fraction": r["bytes_fraction"],
-           "ppl_ratio": r["ppl_ratio"], "measured_speedup": r["measured_speedup"],
-           "speedup_low": r["speedup_low"], "speedup_high": r["speedup_high"],
-           "over_best_dense": r["measured_speedup"] / best}
-          for r in records if r.get("measured_speedup")]
-  return {"kept_all_over_xla": kept["measured_speedup"], "kept_all_low": kept["speedup_low"],
-          "kept_all_high": kept["speedup_high"],
-          "best_dense": "kept_rows_every_row_kept" if best > 1.0 else "xla"}, rows
 
 
 def main(argv):
@@ -56,7 +35,10 @@ def main(argv):
       records = json.load(f)["records"]
   except (json.JSONDecodeError, KeyError, TypeError) as e:
     raise GSIError(f"--pareto {_PARETO.value} is not a pareto.py JSON ({e}); give one") from None
-  best, rows = over_best_dense(records)
+  try:
+    best, rows = over_best_dense(records)
+  except GSIError as e:
+    raise GSIError(f"--pareto {_PARETO.value}: {e}") from None
   experiment.write_records(out, {"pareto": _PARETO.value, **best}, rows,
                            ["method", "knob", "bytes_fraction", "ppl_ratio", "measured_speedup",
                             "over_best_dense"])

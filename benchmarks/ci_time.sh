@@ -10,6 +10,9 @@ set -uo pipefail
 ROOT=$PWD
 OUT=${OUT:-$ROOT/results/benchmarks/ci_time.json}
 WORK=$(mktemp -d /tmp/gsi_jax-ci.XXXXXX)
+# The one the Makefile would pick under the real HOME, which this script replaces (pyenv's
+# shims need it): pyenv's 3.12, else python3.12 on PATH.
+PY312=${PY312:-$(ls "$HOME"/.pyenv/versions/3.12*/bin/python3.12 2> /dev/null | head -n 1)}
 PY312=${PY312:-$(command -v python3.12)}
 if ! mkdir -p "$(dirname "$OUT")" 2> /dev/null || [ ! -w "$(dirname "$OUT")" ]; then
   echo "error: ci_time cannot write $OUT; set OUT to a writable path" >&2

@@ -47,14 +47,8 @@ def tiny_folder(tmp_path_factory):
   return make
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into each test's id
 def pytest_collection_modifyitems(items):
-  """Under `--dist loadgroup` (the Makefile's): a test that uses a module-scoped fixture
-  runs on the worker that holds its file's other such tests, so the fixture is built once;
-  every other test goes to whichever worker is free.  One long file (the scripts end to
-  end) then no longer runs on one worker while the other idles."""
-  for item in items:
-    info = getattr(item, "_fixtureinfo", None)
-    if info and any(d.scope == "module" for defs in info.name2fixturedefs.values()
-                    for d in defs):
-      item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+  """Tests marked `long` run first: two workers that take the longest tests first end close
+  together, where one picked up last would run on while the other idles.  (Every worker
+  sorts alike, so xdist sees one order.)"""
+  items.sort(key=lambda item: item.get_closest_marker("long") is None)

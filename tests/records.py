@@ -9,6 +9,7 @@ import pytest
 MEASURED = re.compile(r"(^|_)(s|seconds)$|tokens_per_s|measured_speedup|bandwidth|rss|"
                       r"per_process|over_weights|s_by_width|measured_s_by_site|best_measured|"
                       r"^speedup_(low|high)$|^dense_spread$|^verdict$|"
+                      r"^best_dense(_choice)?$|^beside$|"  # chosen by timing the two dense paths
                       r"^(out|bases_dir|devices|processes|programs_compiled)$")
 
 

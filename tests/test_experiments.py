@@ -187,9 +187,10 @@ def check_pareto(records):
 PER_FAMILY = ("quality_table", "generation_fidelity", "theorem4_check")
 
 
-@pytest.mark.parametrize("script, family", [(script, family) for script in SCRIPTS
-                                            for family in ("gpt2", "gptj", "opt")
-                                            if script in PER_FAMILY or family == "gpt2"])
+@pytest.mark.parametrize("script, family", [
+    pytest.param(script, family, marks=[pytest.mark.long] if script == "pareto" else [])
+    for script in SCRIPTS for family in ("gpt2", "gptj", "opt")
+    if script in PER_FAMILY or family == "gpt2"])
 def test_script_end_to_end(tiny_folder, tmp_path, family, script, capsys):
   folder, _ = tiny_folder(family)
   prompts = tmp_path / "prompts.txt"

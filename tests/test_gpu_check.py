@@ -25,6 +25,7 @@ def run_benchmark(script, args):
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
+@pytest.mark.long
 def test_dry_run_passes_every_step(tmp_path):
   """Every step passes and records its seconds (steps.txt; the dry mode's time is CI's
   record, not asserted here)."""

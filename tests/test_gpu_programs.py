@@ -138,6 +138,7 @@ def test_committed_site_figures_are_current():
                                  for r in lowering.gptj_site_launches(platform, tokens)]
 
 
+@pytest.mark.long
 def test_every_method_exports_its_kernel_calls(tiny_folder, tmp_path):
   """`gpu_lowering.py --export_dir` on a tiny Llama: dense and every registered method's
   first point, forward and decode, for cuda and rocm, each written as StableHLO text; each

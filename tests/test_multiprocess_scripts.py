@@ -52,7 +52,7 @@ def experiment_args(tiny_folder, *extra):
 
 @pytest.mark.parametrize("script, extra, tolerances", [
     ("speedup_table", [], {}),
-    ("negative_control", [], {}),
+    pytest.param("negative_control", [], {}, marks=pytest.mark.long),
     ("storage_overhead", [], {}),
     ("generation_fidelity", [], {}),
     ("depth_coherence", [], {}),
@@ -79,6 +79,7 @@ def test_quality_table_on_two_processes_writes_what_one_writes(tiny_folder, tmp_
   assert_same_records(one, two)
 
 
+@pytest.mark.long
 def test_pareto_on_two_processes_writes_what_one_writes(tiny_folder, tmp_path):
   """Timed records, one learned allocation and TEAL's greedy allocation included."""
   args = experiment_args(

@@ -73,9 +73,11 @@ class Evaluator:
     self.mesh = sharding.make_mesh() if jax.device_count() > 1 else None
     self.base = (jax.tree.map(distributed.host_copy, setup.model.params)
                  if jax.process_count() > 1 else setup.model.params)
-    self.dense = metrics.score(setup.model, setup.model.params, setup.held_out.ids)
+    with progress.step("dense: scoring the held-out text"):
+      self.dense = metrics.score(setup.model, setup.model.params, setup.held_out.ids)
     self.dense_bytes = mbytes.dense_bytes(setup.model.params)
-    self.dense_gen = {p: self._generate(setup.model.params, p) for p in setup.config.prompts}
+    with progress.step(f"dense: {len(setup.config.prompts)} greedy generations"):
+      self.dense_gen = {p: self._generate(setup.model.params, p) for p in setup.config.prompts}
     self.dense_tokens_per_s = self.tokens_per_s(setup.model.params, None)[0]
     if self.dense_tokens_per_s:
       logging.info("dense decode: %.1f tokens/s", self.dense_tokens_per_s)

@@ -1,12 +1,14 @@
 """Reading records as fronts: quality at a bytes budget along each method's Pareto
-front, the uniform front an allocation is compared with, and the fastest record under
-each perplexity-ratio limit."""
+front, the uniform front an allocation is compared with, the fastest record under
+each perplexity-ratio limit, and a run's speeds over its best dense decode."""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from gsi_jax.errors import GSIError
 
 BUDGETS = (0.9, 0.75, 0.6, 0.5)
 PPL_LIMITS = (1.01, 1.05, 1.10)
@@ -69,3 +71,30 @@ def best_measured(records) -> list[dict]:
                  **({} if best is None else
                     {key: best[key] for key in BEST_COLUMNS[1:] if key in best})})
   return rows
+
+
+KEPT_ALL = ("sparsity", "target=0.0")  # (method, knob): every row kept
+
+
+def over_best_dense(records: list[dict]) -> tuple[dict, list[dict]]:
+  """For a run timed beside XLA's dense (before pareto timed beside the best dense): the
+  every-row-kept record's figures, and each timed record's median ratio divided by that
+  record's where it is faster than XLA's (`over_best_dense`; a ratio of two medians, each
+  beside its own dense rounds, so no interval)."""
+  if any(r.get("beside", "xla") != "xla" for r in records):
+    raise GSIError("these records were already timed beside the best dense path (their "
+                   "`beside` field); read their measured_speedup as it is")
+  kept = next((r for r in records if (r["method"], r["knob"]) == KEPT_ALL
+               and r.get("measured_speedup")), None)
+  if kept is None:
+    raise GSIError("the run has no timed record of sparsity with every row kept "
+                   "(pareto.py --sparsity 0); rerun pareto.py with it")
+  best = max(1.0, kept["measured_speedup"])
+  rows = [{"method": r["method"], "knob": r["knob"], "bytes_fraction": r["bytes_fraction"],
+           "ppl_ratio": r["ppl_ratio"], "measured_speedup": r["measured_speedup"],
+           "speedup_low": r["speedup_low"], "speedup_high": r["speedup_high"],
+           "over_best_dense": r["measured_speedup"] / best}
+          for r in records if r.get("measured_speedup")]
+  return {"kept_all_over_xla": kept["measured_speedup"], "kept_all_low": kept["speedup_low"],
+          "kept_all_high": kept["speedup_high"],
+          "best_dense": "kept_rows_every_row_kept" if best > 1.0 else "xla"}, rows
