@@ -2,6 +2,7 @@
 so the table is the import graph's contract and cannot drift from it."""
 
 import ast
+import concurrent.futures
 import os
 import re
 
@@ -37,10 +38,19 @@ def layer_of(module: str, layers: dict[str, int]) -> int:
   raise AssertionError(f"README's layout table places no row over {module}")
 
 
+def _parse(path: str) -> ast.Module:
+  """ast.parse in a thread of its own.  CPython 3.11's AST validator can carry a stale
+  recursion count in a thread that recursed deeply before (another test in the same xdist
+  worker), and then fails with "AST constructor recursion depth mismatch" (seen once in
+  a full run); a new thread starts from zero."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    return pool.submit(ast.parse, open(path, encoding="utf-8").read()).result()
+
+
 def imported_modules(path: str, module: str, known: set[str]):
   """Every gsi_jax module a file imports, at module level or inside a function."""
   package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
-  tree = ast.parse(open(path, encoding="utf-8").read())
+  tree = _parse(path)
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       yield from (a.name for a in node.names if a.name.split(".")[0] == "gsi_jax")

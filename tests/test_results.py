@@ -718,3 +718,26 @@ def test_fifteen_rounds_over_the_best_dense():
   by = {(r["method"], r["knob"]): round(r["over_best_dense"], 2) for r in rows}
   assert (by["sparsity", "target=0.25"], by["cats", "target=0.0"],
           by["gsi", "k=384,eps=0.0"]) == (1.13, 0.86, 0.81)
+
+
+def test_decode_benchmark_measures_its_ceiling_and_times_gsi_beside_the_best_dense():
+  """RESULTS §11.1: the Intel Xeon, a read ceiling of 23.2 GB/s measured in the run, dense
+  at 20.3 tokens/s (0.47 of it), every row kept 1.64x [1.47, 1.78] and so the dense GSI is
+  timed beside: k = 384 at 0.47x and 0.63x, static projection 1.23x."""
+  r = load("benchmarks/decode.json")
+  assert "Xeon" in r["run"]["cpu"] and round(r["run"]["wall_s"]) == 430
+  assert round(r["read_ceiling_gb_s"], 1) == 23.2 == round(r["read_ceiling"]["reduce_gb_s"], 1)
+  assert r["read_ceiling"]["bytes"] == 4 * r["run"]["last_level_cache_bytes"]
+  assert round(r["jax_dense_tokens_per_s"], 1) == 20.3 and round(r["dense_gb_s"], 1) == 10.9
+  assert round(r["dense_of_read_ceiling"], 2) == 0.47
+  assert round(r["torch_tokens_per_s"], 1) == 19.3 and round(r["torch_of_read_ceiling"], 2) == 0.45
+  kept = r["kept_all"]
+  assert _interval(kept) == (1.64, 1.47, 1.78) and round(kept["tokens_per_s"], 1) == 26.9
+  assert r["best_dense"] == "kept_rows_every_row_kept"
+  assert [(g["k"], g["eps"], g["beside"], _interval(g)) for g in r["gsi"]] == [
+      (384, 0.02, r["best_dense"], (0.47, 0.43, 0.7)),
+      (384, 0.2, r["best_dense"], (0.63, 0.58, 0.83)),
+      (128, "inf", r["best_dense"], (1.23, 1.17, 1.3))]
+  assert [round(g["measured_speedup"] / g["predicted_speedup_bytes"], 2) for g in r["gsi"]] == [
+      0.6, 0.77, 0.56]
+  assert [round(g["dense_tokens_per_s"], 1) for g in r["gsi"]] == [31.5, 30.6, 31.9]
