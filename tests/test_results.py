@@ -741,3 +741,12 @@ def test_decode_benchmark_measures_its_ceiling_and_times_gsi_beside_the_best_den
   assert [round(g["measured_speedup"] / g["predicted_speedup_bytes"], 2) for g in r["gsi"]] == [
       0.6, 0.77, 0.56]
   assert [round(g["dense_tokens_per_s"], 1) for g in r["gsi"]] == [31.5, 30.6, 31.9]
+
+
+def test_ci_time_is_the_build_notes():
+  """BUILD_NOTES: .ci/run's three targets on a fresh clone, 52.0 minutes in all."""
+  r = load("benchmarks/ci_time.json")
+  times = {t["target"]: round(t["wall_s"], 1) for t in r["targets"]}
+  assert times == {"test": 1314.8, "test-multiprocess": 841.5, "test-jax011": 966.6}
+  assert round(r["wall_min"], 1) == 52.0 and r["commit"].startswith("e588273")
+  assert [round(t / 60, 1) for t in times.values()] == [21.9, 14.0, 16.1]
