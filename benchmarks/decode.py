@@ -34,6 +34,8 @@ from gsi_jax.benchmarking import (best_time, decode_beside, decode_tokens_per_s,
                                   ratio_text)
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
+from gsi_jax.methods.evaluate import best_dense, every_row_kept
+from gsi_jax.methods.front import XLA_DENSE
 from gsi_jax.models import params as P
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
@@ -196,13 +198,13 @@ def main(argv):
   # The dense decode every point is timed beside: XLA's dot, or, where --kept_all decodes
   # faster than it (its interval above 1), the kept-rows kernel keeping every row, so that a
   # point's speed is its skipping and not the kernel's own (BUILD_NOTES).
-  base_params, base_gate, result["best_dense"] = model.params, None, "xla"
+  base_params, base_gate, result["best_dense"] = model.params, None, XLA_DENSE
   if _KEPT_ALL.value:
-    kept_all = peers.apply_sparsity(model.params, P.per_site(model.params, 0.0))
-    result["kept_all"] = dense_equivalent(model, kept_all, ids, n, "every row kept")
-    if result["kept_all"]["verdict"] == "faster":
-      base_params, base_gate = kept_all, gsi_jax.make_gate(0.0, batch1_switch=True)
-      result["best_dense"] = "kept_rows_every_row_kept"
+    result["best_dense"], (base_params, base_gate), result["kept_all"] = best_dense(
+        model, model.params, ids, n, _REPEATS.value)
+    if _PROFILE.value:
+      kept_all, gate = every_row_kept(model.params)
+      result["kept_all"]["profile"] = benchmarking.decode_profile(model, kept_all, ids, n, gate)
   if points:
     calib = text.windows(model, text.PYDOC_CALIB, CALIB_SEQ_LEN, 16384)
     bases = cached_bases(model, model.params, calib, max(k for k, _ in points),

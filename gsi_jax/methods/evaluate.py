@@ -15,12 +15,12 @@ from gsi_jax import distributed, metrics, peers, progress, sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.benchmarking import (MIN_ROUNDS, decode_beside, decode_beside_each,
                                   decode_tokens_per_s, ratio_text)
+from gsi_jax.methods.front import KEPT_ROWS_DENSE, XLA_DENSE
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 from gsi_jax.ops import make_gate
 
 UNTIMED = "untimed"  # a record's verdict with --speed_repeats=0
-XLA_DENSE, KEPT_ROWS_DENSE = "xla", "kept_rows_every_row_kept"  # the dense paths timed beside
 
 
 def batch1(gate):
@@ -29,18 +29,21 @@ def batch1(gate):
       else gate.replace(batch1_switch=True)
 
 
+def every_row_kept(params):
+  """(tree, gate): dense's bytes through the kept-rows kernel, sparsity keeping every row."""
+  return peers.apply_sparsity(params, P.per_site(params, 0.0)), make_gate(0.0, batch1_switch=True)
+
+
 def best_dense(model, params, ids, n: int, rounds: int):
   """(name, (params, gate), choice): the faster dense decode of n tokens, XLA's dot or the
-  kept-rows kernel keeping every row ("kept_rows_every_row_kept" where its interval over
-  XLA's lies above 1, in max(rounds, MIN_ROUNDS) paired rounds), to time methods beside;
-  `choice` holds that ratio.  On CPU the kernel is faster, and a method timed beside XLA
-  would count the kernel's own speed as skipping's."""
-  kept_all = peers.apply_sparsity(params, P.per_site(params, 0.0))
-  gate = make_gate(0.0, batch1_switch=True)
+  kept-rows kernel keeping every row (KEPT_ROWS_DENSE where its interval over XLA's lies
+  above 1, in max(rounds, MIN_ROUNDS) paired rounds), to time methods beside; `choice` is
+  that timing (`decode_beside`'s fields, and kept_rows_over_xla).  On CPU the kernel is
+  faster, and a method timed beside XLA would count the kernel's own speed as skipping's."""
+  kept_all, gate = every_row_kept(params)
   with progress.step("timing dense decode through XLA's dot and the kept-rows kernel"):
     pair = decode_beside(model, ids, n, max(rounds, MIN_ROUNDS), kept_all, gate, params)
-  choice = {"kept_rows_over_xla": pair["measured_speedup"],
-            **{k: pair[k] for k in ("speedup_low", "speedup_high", "rounds", "verdict")}}
+  choice = {"kept_rows_over_xla": pair["measured_speedup"], **pair}
   name, tree = (KEPT_ROWS_DENSE, (kept_all, gate)) if pair["verdict"] == "faster" \
       else (XLA_DENSE, (params, None))
   logging.info("every row kept through the kept-rows kernel: %s XLA's dense; timing beside %s",

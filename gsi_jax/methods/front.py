@@ -74,6 +74,7 @@ def best_measured(records) -> list[dict]:
 
 
 KEPT_ALL = ("sparsity", "target=0.0")  # (method, knob): every row kept
+XLA_DENSE, KEPT_ROWS_DENSE = "xla", "kept_rows_every_row_kept"  # the dense paths timed beside
 
 
 def over_best_dense(records: list[dict]) -> tuple[dict, list[dict]]:
@@ -81,7 +82,7 @@ def over_best_dense(records: list[dict]) -> tuple[dict, list[dict]]:
   every-row-kept record's figures, and each timed record's median ratio divided by that
   record's where it is faster than XLA's (`over_best_dense`; a ratio of two medians, each
   beside its own dense rounds, so no interval)."""
-  if any(r.get("beside", "xla") != "xla" for r in records):
+  if any(r.get("beside", XLA_DENSE) != XLA_DENSE for r in records):
     raise GSIError("these records were already timed beside the best dense path (their "
                    "`beside` field); read their measured_speedup as it is")
   kept = next((r for r in records if (r["method"], r["knob"]) == KEPT_ALL
@@ -97,4 +98,4 @@ def over_best_dense(records: list[dict]) -> tuple[dict, list[dict]]:
           for r in records if r.get("measured_speedup")]
   return {"kept_all_over_xla": kept["measured_speedup"], "kept_all_low": kept["speedup_low"],
           "kept_all_high": kept["speedup_high"],
-          "best_dense": "kept_rows_every_row_kept" if best > 1.0 else "xla"}, rows
+          "best_dense": KEPT_ROWS_DENSE if best > 1.0 else XLA_DENSE}, rows
