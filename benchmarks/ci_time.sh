@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# What .ci/run costs on a fresh clone: each of its three make targets timed in turn, in a
-# clone of this checkout's HEAD with an empty HOME (so pip's download cache, the compiled
-# C++ kernels and the bases cache all start empty, as on a CI runner), on an otherwise idle
-# machine.  Writes ${OUT:-results/benchmarks/ci_time.json}: each target's wall seconds and
-# exit status, their sum, the commit and the machine.
+# What .ci/run costs on a fresh clone: .ci/run itself (the jax 0.11 install in the
+# background included), in a clone of this checkout's HEAD with an empty HOME (so pip's
+# download cache, the compiled C++ kernels, the bases and compilation caches all start
+# empty, as on a CI runner), on an otherwise idle machine.  Writes
+# ${OUT:-results/benchmarks/ci_time.json}: the whole run's wall seconds and exit status,
+# each make target's seconds from .ci/run's "ci: ... took" lines, the commit and the machine.
 #     bash benchmarks/ci_time.sh                 # about 40-60 minutes on 2 cores
 # PY312: a Python 3.12 for make test-jax011 (default: the one on PATH).
 set -uo pipefail
@@ -22,27 +23,24 @@ fi
 git clone -q "$ROOT" "$WORK/clone" || exit 1
 mkdir -p "$WORK/home"
 cd "$WORK/clone" || exit 1
-: > "$WORK/times.txt"
-for target in test test-multiprocess test-jax011; do
-  start=$(date +%s.%N)
-  HOME=$WORK/home make "$target" PY312="$PY312" > "$WORK/$target.log" 2>&1
-  rc=$?
-  echo "$target $rc $(echo "$(date +%s.%N) - $start" | bc)" | tee -a "$WORK/times.txt"
-  tail -n 3 "$WORK/$target.log"
-done
-python3 - "$WORK/times.txt" "$OUT" "$(git rev-parse HEAD)" "$WORK" <<'EOF'
-import json, os, platform, sys
-times, out, commit, work = sys.argv[1:]
-targets = [dict(zip(("target", "exit_status", "wall_s"), line.split())) for line in open(times)]
-for t in targets:
-  t["exit_status"], t["wall_s"] = int(t["exit_status"]), float(t["wall_s"])
+start=$(date +%s.%N)
+HOME=$WORK/home PY312="$PY312" .ci/run > "$WORK/ci.log" 2>&1
+rc=$?
+wall=$(echo "$(date +%s.%N) - $start" | bc)
+grep "^ci: " "$WORK/ci.log"
+tail -n 3 "$WORK/ci.log"
+python3 - "$WORK/ci.log" "$OUT" "$(git rev-parse HEAD)" "$WORK" "$rc" "$wall" <<'EOF'
+import json, os, platform, re, sys
+log, out, commit, work, rc, wall = sys.argv[1:]
+line = re.compile(r"^ci: make (\S+) took (\d+) s \(exit status (\d+)\)$")
+targets = [{"target": m[1], "wall_s": int(m[2]), "exit_status": int(m[3])}
+           for m in map(line.match, open(log)) if m]
 cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
             if l.startswith("model name")), platform.processor())
 with open(out + ".tmp", "w") as f:  # then renamed: an earlier record is never half-replaced
-  json.dump({"commit": commit, "targets": targets,
-             "wall_s": sum(t["wall_s"] for t in targets),
-             "wall_min": sum(t["wall_s"] for t in targets) / 60,
-             "logs": work, "run": {"cpu": cpu, "cpus": os.cpu_count()}}, f, indent=2)
+  json.dump({"commit": commit, "exit_status": int(rc), "wall_s": float(wall),
+             "wall_min": float(wall) / 60, "targets": targets, "logs": work,
+             "run": {"cpu": cpu, "cpus": os.cpu_count()}}, f, indent=2)
 os.replace(out + ".tmp", out)
 print(f"wrote {out}")
 EOF

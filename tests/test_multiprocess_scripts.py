@@ -46,8 +46,14 @@ def one_and_two(script: str, args: list[str], tmp_path, bases: bool = True):
   return out[1], out[2]
 
 
+# One k and two eps over SMALL's grid: static and gated, a gate that never fires and one
+# that does, every path SMALL's larger grid takes.  Each point costs process 1 compiles of
+# its own (JAX's persistent cache keys a program by process, and only process 0 writes it).
+GRID = ["--k=4", "--eps=0,0.6"]
+
+
 def experiment_args(tiny_folder, *extra):
-  return [f"--model={tiny_folder(MODEL)[0]}", *SMALL, *extra]
+  return [f"--model={tiny_folder(MODEL)[0]}", *SMALL, *GRID, *extra]
 
 
 @pytest.mark.parametrize("script, extra, tolerances", [
