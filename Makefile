@@ -30,9 +30,8 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m gsi_jax.demo
 
-# The tests that start several real processes (marked multiprocess) run apart; on a fresh
-# clone here make test took 21.9 minutes, install included, and make test-multiprocess 14.0
-# (results/benchmarks/ci_time.json).  CI runs both.
+# The tests that start several real processes (marked multiprocess) run apart.  CI runs
+# both (.ci/run; each target's time on a fresh clone: results/benchmarks/ci_time.json).
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=15 -m "not multiprocess" tests
 
@@ -42,7 +41,6 @@ test-multiprocess: $(STAMP)
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf, torch or triton.  Every test that needs none of those, nor the default model's
 # weights (a GGUF), runs there too, on tiny models the main environment saves first.
-# 16.1 minutes on a fresh clone here, install included (results/benchmarks/ci_time.json).
 VENV11  := .venv-jax011
 STAMP11 := $(VENV11)/.installed
 TINY    := .cache/tiny-models

@@ -11,6 +11,9 @@ for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
                     ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
   os.environ.setdefault(name, value)
 
+import json  # pylint: disable=wrong-import-position
+
+import filelock  # pylint: disable=wrong-import-position
 import jax  # pylint: disable=wrong-import-position  (after the cache's settings)
 import pytest  # pylint: disable=wrong-import-position
 
@@ -45,6 +48,19 @@ def tiny_folder(tmp_path_factory):
       cache[name] = (str(folder), model)
     return cache[name]
   return make
+
+
+def once_per_run(tmp_path_factory, worker_id: str, name: str, build):
+  """build()'s value (JSON), built once per test run: under xdist the first worker to take
+  the lock builds it into the run's shared temporary folder and the others read it
+  (xdist's recipe for a fixture that runs once); a module fixture alone builds on each."""
+  if worker_id == "master":
+    return build()
+  path = tmp_path_factory.getbasetemp().parent / f"{name}.json"
+  with filelock.FileLock(f"{path}.lock"):
+    if not path.is_file():
+      path.write_text(json.dumps(build()))
+    return json.loads(path.read_text())
 
 
 def pytest_collection_modifyitems(items):

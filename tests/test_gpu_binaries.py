@@ -13,13 +13,14 @@ import pytest
 from gsi_jax import lowering
 from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
+from tests.conftest import once_per_run
 
 triton = pytest.importorskip("triton")
 
 
 @pytest.fixture(scope="module")
-def records():
-  return lowering.plan_binaries()
+def records(tmp_path_factory, worker_id):
+  return once_per_run(tmp_path_factory, worker_id, "plan_binaries", lowering.plan_binaries)
 
 
 def test_every_plan_compiles_and_fits(records):
