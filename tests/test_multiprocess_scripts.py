@@ -48,7 +48,8 @@ def one_and_two(script: str, args: list[str], tmp_path, bases: bool = True):
 
 # One k and two eps over SMALL's grid: static and gated, a gate that never fires and one
 # that does, every path SMALL's larger grid takes.  Each point costs process 1 compiles of
-# its own (JAX's persistent cache keys a program by process, and only process 0 writes it).
+# its own: only process 0 writes JAX's persistent cache, and process 1's programs are keyed
+# apart from its (BUILD_NOTES).
 GRID = ["--k=4", "--eps=0,0.6"]
 
 
