@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Everything worth measuring on a lent GPU, in one run of at most 605 s, 10.1 minutes (the
-# device line 30 s, the six steps' limits 555 s, sized by their times on an H200: BUILD_NOTES,
-# and the summary 20 s), on the machine's own image with nothing installed:
+# Everything worth measuring on a lent GPU, in one run of at most 540 s, 9.0 minutes (the
+# device line 30 s, the seven steps' limits 490 s, and the summary 20 s), the kernel and
+# whole-decode steps first, on the machine's own image with nothing installed:
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
-#     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 3 minutes
+#     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 4 minutes
 # Each step runs on its own under a time limit, so one that fails hides none of the others;
 # each leaves a log.  Writes to ${OUT:-results/benchmarks/gpu} (dry: ${OUT:-/tmp/gpu_check_dry}),
 # first removing what an earlier run's steps left there, and ends with gpu_summary.json
@@ -22,22 +22,22 @@ if [ "$DRY" = 1 ]; then
   OUT_DIR=${OUT:-/tmp/gpu_check_dry}
   export JAX_PLATFORMS=cpu
   KERNEL=(--dry)
-  SCALE=(--shape gptj-tiny --calib_tokens 256 --seq_len 64 --k 16 --decode_k 16
-         --new_tokens 4 --repeats 1 --decode_layers 2)
+  DECODE=(--dry)
+  SCALE=(--shape gptj-tiny --calib_tokens 256 --seq_len 64 --k 16 --decode_layers 0)
 else
   OUT_DIR=${OUT:-results/benchmarks/gpu}
   KERNEL=()
-  SCALE=(--shape gptj-6b --calib_tokens 2048 --seq_len 256 --k 256 --decode_k 256
-         --new_tokens 32 --repeats 3 --decode_layers 28)
+  DECODE=()
+  SCALE=(--shape gptj-6b --calib_tokens 2048 --seq_len 256 --k 256 --decode_layers 0)
 fi
 if ! mkdir -p "$OUT_DIR" 2> /dev/null || [ ! -w "$OUT_DIR" ]; then
   echo "error: gpu_check cannot write to its output folder $OUT_DIR; set OUT to a writable folder" >&2
   exit 2
 fi
 # An earlier run's files would read as this run's: remove each step's JSON and log first.
-STEP_NAMES=(kernel_check kernel_tests kernel_timing kernel_tiles kernel_kept scale)
+STEP_NAMES=(kernel_check kernel_timing kernel_kept decode kernel_tests kernel_tiles scale)
 for name in "${STEP_NAMES[@]}"; do rm -f "$OUT_DIR/$name.log"; done
-rm -f "$OUT_DIR"/{kernel_check,kernel_timing,kernel_tiles,kernel_kept,scale_gptj_6b,gpu_summary}.json \
+rm -f "$OUT_DIR"/{kernel_check,kernel_timing,kernel_tiles,kernel_kept,gpu_decode,scale_gptj_6b,gpu_summary}.json \
   "$OUT_DIR/gpu.txt"
 : > "$OUT_DIR/steps.txt"
 FAILED=()
@@ -57,36 +57,39 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status sec
   [ "$rc" = 0 ] || FAILED+=("$name")
 }
 
-# 1. The read ceiling (a sum over 2 GiB and a copy), then the kernel against its HIGHEST
-#    reference at GPT-J's maps, float32 and bfloat16, 1/16/256 tokens, slow/mixed/fast.
-step kernel_check 80 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts ceiling,correct \
+# 1. The read ceiling (a sum over 2 GiB and a copy, by wall clock and by device events) and
+#    the launch floor, then the kernel against its HIGHEST reference at GPT-J's maps,
+#    float32 and bfloat16, 1/16/256 tokens, slow/mixed/fast.
+step kernel_check 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts ceiling,correct \
     --out "$OUT_DIR/kernel_check.json"
-# 2. The compiled kernel's own tests: interpret-mode cases, the tied head, GPT-J's maps.
-step kernel_tests 80 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py -k TestCompiledOnGPU
-# 3. The kernel's calls beside dense x @ W at GPT-J's three map shapes (fc_in first), bf16,
-#    cache-cold (W copies exceed 4x L2), 1, 4 and 16 tokens, all slow, half and all fast:
-#    paired rounds.  Every step's JSON is rewritten after each row: a step cut short keeps
-#    the rows it finished.
-step kernel_timing 50 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
+# 2. A gated site's calls (g = x V_k and the kernel) beside dense x @ W at GPT-J's three map
+#    shapes (fc_in first), bf16, cache-cold (copies of W, and of V_k and M, each exceed 4x
+#    L2), 1, 4 and 16 tokens, all slow, half and all fast: paired rounds, device times.
+#    Every step's JSON is rewritten after each row: a step cut short keeps its rows.
+step kernel_timing 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
     $([ "$DRY" = 1 ] || echo --tokens 1,4,16) \
     --out "$OUT_DIR/kernel_timing.json"
-# 4. Decode tiles (block_o x block_d x warps) at 1 token, all slow and all fast.
-step kernel_tiles 25 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
-    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_tiles.json"
-# 5. The kept-rows kernel (sparsity's product), then the kept-dots kernel (CATS' up
+# 3. The kept-rows kernel (sparsity's product), then the kept-dots kernel (CATS' up
 #    projection), each beside dense x @ W at GPT-J's fc_in, bf16, cache-cold, 1, 4 and 16
 #    tokens, kept shares 0, 0.5 and 1: paired rounds, and each one's error.
 step kernel_kept 40 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
     $([ "$DRY" = 1 ] || echo --maps 4096x16384 --tokens 1,4,16) \
     --out "$OUT_DIR/kernel_kept.json"
-# 6. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
+# 4. A whole decode at GPT-J-6B's shape, full depth, bf16 weights made on the device, 1, 4
+#    and 16 sequences: GSI static, fast with probability 0.9 and 0.5, at eps = 0, and
+#    sparsity at half, each beside dense in paired rounds (batch 1 first).
+step decode 150 $PY benchmarks/gpu_decode.py "${DECODE[@]}" --out "$OUT_DIR/gpu_decode.json"
+# 5. The compiled kernel's own tests: interpret-mode cases, the tied head, GPT-J's maps.
+step kernel_tests 50 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py -k TestCompiledOnGPU
+# 6. Decode tiles (block_o x block_d x warps) at 1 token, all slow and all fast.
+step kernel_tiles 25 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
+    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_tiles.json"
+# 7. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
 #    disk): streaming calibration (cascade) against the paper's ~30 s, with where its time
-#    went (calibration_phase_s, compiling apart) and the programs it compiled, then decode
-#    of the same model with those bases through the kernel beside dense XLA in the same
-#    process.
-step scale 280 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --impl pallas \
-    --dtype bfloat16 --decode_dtype bfloat16 --method cascade \
-    --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
+#    went (calibration_phase_s, compiling apart) and the programs it compiled.  Step 4 is
+#    the decode.
+step scale 105 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --dtype bfloat16 \
+    --method cascade --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
 timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR" || FAILED+=(summary)
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "error: gpu_check: ${#FAILED[@]} failed (${FAILED[*]}); their logs: $OUT_DIR/NAME.log," \

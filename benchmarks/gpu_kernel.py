@@ -8,19 +8,24 @@ kept-rows and kept-dots kernels beside dense.
 
 Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
   ceiling  the device's read bandwidth: a sum over --ceiling_gib of float32 and a copy of
-           it (read + write), each the median of --repeats; the larger is the ceiling
-           every other figure is divided by (a nominal peak is not what a chip reaches);
+           it (read + write), each the median of --repeats by wall clock and, on a GPU,
+           by the kernels' own device time from a profiler trace; the largest is the
+           ceiling every other figure is divided by (a nominal peak is not what a chip
+           reaches); and the launch floor, a kernel that does nothing, per call;
   correct  `gated_matmul` against `gated_matmul_reference` (Precision.HIGHEST) at --maps,
            k = --k, in float32 and bfloat16, 1, 16 and 256 tokens, all slow, mixed and all
            fast: the largest error over the largest output, against kernel.TOLERANCE;
   timing   per call, at --tokens tokens and --fast_share shares of fast tokens, in
-           bfloat16: one program of --inner rounds over --copies distinct (M, W) pairs
-           (more bytes than --cache_mb of L2 holds, so every call reads from HBM), with
-           g given (the call is the kernel, which computes the gate; thresholds per token
-           of ∞ or 0 set the share); dense x @ W over the same copies in alternation,
-           paired rounds, the median ratio and its bootstrap 95% interval (`benchmarking`);
+           bfloat16: a gated site as a model runs it, g = x V_k and the kernel (the gate
+           decided per token before it; thresholds per token of ∞ or 0 set the share),
+           one program of --inner rounds over copies of W, and of (V_k, M), that each
+           exceed 4x --cache_mb (every call reads them from HBM); dense x @ W over the same
+           copies in alternation, paired rounds, the median ratio and its bootstrap 95%
+           interval (`benchmarking`), each side's device time per call where the device
+           keeps events, and a byte ideal that counts V_k;
   tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
-           --tiles decode plan (block_o x block_d x warps, no split reduction);
+           --tiles decode plan (block_o x block_d x warps, the reduction split as the
+           platform's decode plan splits it);
   kept     the kept-rows kernel (`kept_kernel.kept_rows`: sparsity's product) and the
            kept-dots kernel (`kept_kernel.kept_dots`: CATS' up projection, W stored (O, d))
            timed the same way at --tokens and --fast_share shares kept (each token keeps
@@ -41,9 +46,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
+from jax.experimental import pallas as pl
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import interval_fields, ratio_text, read_ceiling, timed_pair
+from gsi_jax.benchmarking import (device_event_seconds, interval_fields, median_seconds,
+                                  ratio_text, read_ceiling, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kept_kernel, kernel, tiling
 
@@ -54,9 +61,9 @@ _MAPS = flags.DEFINE_list("maps", ["4096x16384", "4096x4096", "16384x4096"],
 _K = flags.DEFINE_integer("k", 256, "Rank of M.")
 _TOKENS = flags.DEFINE_list("tokens", ["1", "2", "4", "8", "16"], "Tokens per timed call.")
 _SHARES = flags.DEFINE_list("fast_share", ["0", "0.5", "1"], "Shares of fast tokens timed.")
-_TILES = flags.DEFINE_list("tiles", ["32x512x8", "64x256x8", "128x128x8", "128x256x8",
-                                     "64x64x4"], "Decode plans swept: block_o x block_d x "
-                           "warps (block_k = block_d, one program per output block).")
+_TILES = flags.DEFINE_list("tiles", ["256x32x4", "256x64x4", "128x64x4", "512x16x4",
+                                     "256x32x8"], "Decode plans swept: block_o x block_d x "
+                           "warps (block_k = block_d; the platform's decode plan otherwise).")
 _CEILING_GIB = flags.DEFINE_float("ceiling_gib", 2.0, "GiB read by the ceiling's sum.")
 _CACHE_MB = flags.DEFINE_float("cache_mb", 60.0, "The device's last-level cache (H200: 60).")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds (ceiling: repeats).")
@@ -137,17 +144,46 @@ def device_platform() -> str:
 
 
 def ceiling(c: KernelBenchConfig) -> dict:
-  return {**read_ceiling(int(c.ceiling_gib * 2**30), c.repeats), "repeats": c.repeats}
+  """The read ceiling (wall clock and device events) and the launch floor."""
+  return {**read_ceiling(int(c.ceiling_gib * 2**30), c.repeats), "repeats": c.repeats,
+          "launch_floor": launch_floor(c)}
+
+
+def _empty_kernel(o_ref):
+  o_ref[...] = jnp.zeros_like(o_ref)
+
+
+def launch_floor(c: KernelBenchConfig) -> dict:
+  """What a call costs when it does nothing: a Pallas kernel of one program that stores
+  eight floats, called c.inner × 8 times in one program, per call by wall clock and by
+  device events (`device_event_seconds`)."""
+  calls = 8 * c.inner
+  call = pl.pallas_call(_empty_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                        interpret=device_platform() == "cpu", name="gsi_empty")
+
+  @jax.jit
+  def run():
+    return jax.lax.fori_loop(0, calls, lambda _, acc: acc + call(), jnp.zeros((8,)))
+  fn = lambda: run().block_until_ready()
+  device = device_event_seconds(fn)
+  return {"calls": calls, "wall_us": 1e6 * median_seconds(fn, c.repeats) / calls,
+          "device_us": None if device["device_s"] is None else 1e6 * device["device_s"] / calls}
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
-  """x, g, thresholds per token (∞: fast, 0: slow) that make `share` of them fast, M, W."""
-  kx, kg, km, kw = jax.random.split(key, 4)
+  """x, thresholds per token (∞: fast, 0: slow) that make `share` of them fast, and the
+  weights (V, M, W)."""
+  kx, kw = jax.random.split(key)
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
-  g = jax.random.normal(kg, (tokens, k), jnp.float32).astype(dtype)
-  M = (jax.random.normal(km, (k, out), jnp.float32) / math.sqrt(k)).astype(dtype)
-  W = (jax.random.normal(kw, (d, out), jnp.float32) / math.sqrt(d)).astype(dtype)
-  return x, g, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), M, W
+  return x, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), _weights(kw, d, k, out, dtype)
+
+
+def _weights(key, d: int, k: int, out: int, dtype):
+  """V (d, k) with orthonormal-scale columns, M (k, out), W (d, out), random."""
+  kv, km, kw = jax.random.split(key, 3)
+  scaled = lambda key, shape, n: (jax.random.normal(key, shape, jnp.float32)
+                                  / math.sqrt(n)).astype(dtype)
+  return scaled(kv, (d, k), d), scaled(km, (k, out), k), scaled(kw, (d, out), d)
 
 
 def fast_tokens(tokens: int, share: float) -> jax.Array:
@@ -162,7 +198,8 @@ def correct(c: KernelBenchConfig):
   for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
                                           for dt in (jnp.float32, jnp.bfloat16)
                                           for t in CORRECT_TOKENS for f in CORRECT_SHARES):
-    x, g, eps, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
+    x, eps, (V, M, W) = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
+    g = x @ V
     (y,), fast = kernel.gated_matmul(x, g, eps, [M], [W])
     (ref,), ref_fast = kernel.gated_matmul_reference(x, g, eps, [M], [W])
     error = kernel.relative_error(y, ref)
@@ -174,9 +211,9 @@ def correct(c: KernelBenchConfig):
            "passed": error <= tolerance and same_gate}
 
 
-def copies_for(c: KernelBenchConfig, d: int, out: int, itemsize: int) -> int:
-  """Distinct (M, W) pairs whose W alone exceed 4x the cache (at least 2)."""
-  return max(2, math.ceil(4 * c.cache_mb * 1e6 / (d * out * itemsize)))
+def copies_for(c: KernelBenchConfig, n_bytes: int) -> int:
+  """Distinct copies of arrays of n_bytes that together exceed 4x the cache (at least 2)."""
+  return max(2, math.ceil(4 * c.cache_mb * 1e6 / n_bytes))
 
 
 def _dense(x, *rest):
@@ -186,7 +223,8 @@ def _dense(x, *rest):
 
 def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense) -> dict:
   """Paired rounds of call(*fixed, *copy) and dense(*fixed, *copy), each one program of
-  c.inner passes over the same copies."""
+  c.inner passes over the same copies, and each one's device time per pass
+  (`device_event_seconds`, None where the device keeps no events)."""
   def passes(product):
     @jax.jit
     def run(fixed, copies):
@@ -197,17 +235,25 @@ def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense) -> dict:
       return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
     return lambda: run(fixed, copies).block_until_ready()
 
-  return timed_pair(passes(dense), passes(call), c.repeats)
+  base, other = passes(dense), passes(call)
+  pair = timed_pair(base, other, c.repeats)
+  pair["base_device_s"] = device_event_seconds(base)["device_s"]
+  pair["other_device_s"] = device_event_seconds(other)["device_s"]
+  return pair
 
 
 def _row(c: KernelBenchConfig, pair: dict, d: int, out: int, copies: int, kernel_bytes: float,
          **fields) -> dict:
-  """One timed record: times per call, bandwidths, the byte ideal and the interval."""
+  """One timed record: times per call (wall clock, and device events where the device keeps
+  them), bandwidths, the byte ideal and the interval."""
   calls = c.inner * copies
   dense_s, kernel_s = pair["base_s"] / calls, pair["other_s"] / calls
+  per_call_us = lambda key: None if pair[key] is None else 1e6 * pair[key] / calls
   dense_bytes = d * out * jnp.dtype(jnp.bfloat16).itemsize
   return {"d": d, "out": out, **fields, "dtype": "bfloat16", "copies": copies,
           "calls_per_round": calls, "dense_us": 1e6 * dense_s, "kernel_us": 1e6 * kernel_s,
+          "dense_device_us": per_call_us("base_device_s"),
+          "kernel_device_us": per_call_us("other_device_s"),
           "dense_gb_s": dense_bytes / dense_s / 1e9, "kernel_gb_s": kernel_bytes / kernel_s / 1e9,
           "kernel_weight_bytes": kernel_bytes, "dense_weight_bytes": dense_bytes,
           "byte_ideal_speedup": dense_bytes / kernel_bytes if kernel_bytes else None,
@@ -216,26 +262,36 @@ def _row(c: KernelBenchConfig, pair: dict, d: int, out: int, copies: int, kernel
 
 
 def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float, plan=None):
-  """Paired rounds of the kernel's calls and dense x @ W over the same copies."""
+  """Paired rounds of a gated site's call, g = x V_k and the kernel, and dense x @ W.
+
+  Every array a call reads is cache-cold: W in copies that together exceed 4x the
+  cache, and (V, M) in copies of their own that do too; copy i takes W i mod its count
+  and (V, M) i mod theirs, so each is read again only after 4 caches of others.  The
+  byte ideal counts V_k, which every call reads for g."""
   dtype = jnp.dtype(jnp.bfloat16)
-  copies = copies_for(c, d, out, dtype.itemsize)
-  problems = [_problem(jax.random.key(i), tokens, d, c.k, out, dtype, share)
-              for i in range(copies)]
-  x, g, eps = problems[0][:3]
-  fast = jnp.isinf(eps)
+  fast = fast_tokens(tokens, share)
+  w_copies = copies_for(c, d * out * dtype.itemsize)
+  vm_copies = copies_for(c, (d + out) * c.k * dtype.itemsize)
+  copies = max(w_copies if not bool(jnp.all(fast)) else 1,
+               vm_copies if bool(jnp.any(fast)) else 1, 2)
+  x, eps, _ = _problem(jax.random.key(0), tokens, d, c.k, out, dtype, share)
+  n = min(copies, max(w_copies, vm_copies))
+  weights = [_weights(jax.random.key(i), d, c.k, out, dtype) for i in range(n)]
+  vm, w = min(vm_copies, n), min(w_copies, n)
+  copies_of = [(*weights[i % vm][:2], weights[i % w][2]) for i in range(copies)]
   platform = device_platform()
   if plan is None:
     call = kernel.gated_matmul
   else:
     on = "cuda" if platform == "cpu" else platform
     call = lambda *a: kernel.gated_matmul_on(on, *a, plan=plan, interpret=platform == "cpu")
-  pair = _paired(c, (x, g, eps), [p[3:] for p in problems],
-                 lambda x, g, eps, M, W: call(x, g, eps, [M], [W])[0][0])
+  pair = _paired(c, (x, eps), copies_of,
+                 lambda x, eps, V, M, W: call(x, x @ V, eps, [M], [W])[0][0])
   lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
                       tokens, d, c.k, out)
-  kernel_bytes = tiling.weight_elements_read(lay, np.asarray(fast)) * dtype.itemsize
+  kernel_bytes = (tiling.weight_elements_read(lay, np.asarray(fast)) + d * c.k) * dtype.itemsize
   return _row(c, pair, d, out, copies, kernel_bytes, k=c.k, tokens=tokens,
-              fast_share=float(jnp.mean(fast)))
+              fast_share=float(jnp.mean(fast)), v_bytes=d * c.k * dtype.itemsize)
 
 
 def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float,
@@ -244,7 +300,7 @@ def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
   error against its reference on the first copy.  dots: kept dots (keep over the O
   outputs, W stored (O, d)); else kept rows (keep over the d inputs, W stored (d, O))."""
   dtype = jnp.dtype(jnp.bfloat16)
-  copies = copies_for(c, d, out, dtype.itemsize)
+  copies = copies_for(c, d * out * dtype.itemsize)
   kx, kk = jax.random.split(jax.random.key(tokens))
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
   keep = jax.random.uniform(kk, (tokens, out if dots else d)) < share
@@ -283,9 +339,10 @@ def timing(c: KernelBenchConfig):
 def tiles(c: KernelBenchConfig):
   """Yields each decode plan's call at 1 token, all slow and all fast."""
   d, out = c.maps[0]
-  sms = {"cuda": 132, "rocm": 304}.get(device_platform(), 1)
+  platform = {"cpu": "cuda"}.get(device_platform(), device_platform())
   for bo, bd, warps in c.tiles:
-    plan = tiling.TilePlan(1, bo, bd, bd, sms, num_warps=warps, num_stages=1, min_block_o=bo)
+    plan = dataclasses.replace(tiling.plan_for(platform, 1), block_o=bo, block_d=bd,
+                               block_k=bd, num_warps=warps)
     for share in (0.0, 1.0):
       row = _timed_pair(c, d, out, 1, share, plan)
       logging.info("tile %dx%dx%d f=%.0f: %.1f us, %.0f GB/s", bo, bd, warps, share,

@@ -4,12 +4,14 @@
 
 Reads what the run's steps wrote to --dir (steps.txt: one `name exit_status seconds`
 line per step; kernel_check.json, kernel_timing.json, kernel_tiles.json,
-kernel_kept.json and scale_gptj_6b.json) and writes gpu_summary.json there: each step's
-status, the read ceiling the run measured, the kernel's correctness, its calls beside
-dense at each token count and fast share (and every bandwidth as a share of that
-ceiling), the best decode tile, the kept-rows and kept-dots kernels beside dense at each
-kept share (with each one's error against its reference), and
-the full-depth GPT-J-shaped calibration time and decode.  A step that failed or
+kernel_kept.json, gpu_decode.json and scale_gptj_6b.json) and writes gpu_summary.json
+there: each step's status, the read ceiling the run measured (and the launch floor),
+the kernel's correctness, its calls beside dense at each token count and fast share
+(and every bandwidth as a share of that ceiling, device times where the trace had
+them), the best decode tile, the kept-rows and kept-dots kernels beside dense at each
+kept share (with each one's error against its reference), the whole decode of every
+method beside dense (where the run had that step), and the full-depth GPT-J-shaped
+calibration time and decode.  A step that failed or
 never ran is reported as such; the others still are.  --nominal_gb_s (H200: 4800) is
 reported beside the measured ceiling, never divided by.
 """
@@ -29,10 +31,11 @@ _OUT = flags.DEFINE_string("out", None, "JSON output (default: DIR/gpu_summary.j
 
 STEPS = "steps.txt"
 BFLOAT16_BYTES = 2  # the timed calls' dtype (gpu_kernel.py times bfloat16)
-CHECK, TIMING, TILES, KEPT, SCALE = ("kernel_check.json", "kernel_timing.json",
-                                     "kernel_tiles.json", "kernel_kept.json", "scale_gptj_6b.json")
+CHECK, TIMING, TILES, KEPT, DECODE, SCALE = (
+    "kernel_check.json", "kernel_timing.json", "kernel_tiles.json", "kernel_kept.json",
+    "gpu_decode.json", "scale_gptj_6b.json")
 STEP_OF = {CHECK: "kernel_check", TIMING: "kernel_timing", TILES: "kernel_tiles",
-           KEPT: "kernel_kept", SCALE: "scale"}
+           KEPT: "kernel_kept", DECODE: "decode", SCALE: "scale"}
 
 
 def _read(folder: str, name: str, ran: dict):
@@ -81,7 +84,8 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
   keys = ("d", "out", "tokens", "kernel_us", "dense_us", "kernel_gb_s", "dense_gb_s",
           "byte_ideal_speedup", "verdict")
   optional = ("kernel", "k", "fast_share", "keep_share", "rows_read", "relative_error",
-              "passed", "block_o", "block_d", "num_warps")
+              "passed", "block_o", "block_d", "num_warps", "kernel_device_us",
+              "dense_device_us")
   rows = []
   for part in ("timing", "tiles", "kept"):
     for r in timed.get(part, []):
@@ -90,8 +94,10 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
       row.update({key: r[key] for key in ("speedup", "speedup_low", "speedup_high", "rounds")},
                  kernel_of_ceiling=_share(r["kernel_gb_s"], ceiling),
                  dense_of_ceiling=_share(r["dense_gb_s"], ceiling))
-      if part != "kept":  # a decode reads V_k for g = x V_k on every token, fast or slow
-        v_k_bytes = r["d"] * r["k"] * BFLOAT16_BYTES
+      if part != "kept":  # a decode reads V_k for g = x V_k on every token, fast or slow;
+        # rows that carry v_bytes timed g = x V_k and count V_k already (the first H200
+        # run's, in results/benchmarks/gpu, did neither)
+        v_k_bytes = 0 if "v_bytes" in r else r["d"] * r["k"] * BFLOAT16_BYTES
         row["byte_ideal_with_v_k"] = r["dense_weight_bytes"] / (r["kernel_weight_bytes"]
                                                                 + v_k_bytes)
       rows.append(row)
@@ -107,6 +113,24 @@ def best_tile(tiles) -> dict | None:
     key = f"{r['block_o']}x{r['block_d']}x{r['num_warps']}"
     total[key] = total.get(key, 0.0) + r["kernel_us"]
   return {"tile": min(total, key=total.get), "us_slow_plus_fast": total}
+
+
+def whole_decode(decode: dict) -> dict | list:
+  """Per batch and method: tokens/s beside dense, the interval, and at one sequence the byte
+  ideal and the share of it reached."""
+  if "missing" in decode:
+    return decode
+  keys = ("method", "tokens_per_s", "dense_tokens_per_s", "measured_speedup", "speedup_low",
+          "speedup_high", "rounds", "compile_s", "fast_share", "kept_share",
+          "byte_ideal_speedup")
+  out = []
+  for b in decode.get("batches", []):
+    for p in b["points"]:
+      row = {"batch": b["batch"], **{k: p[k] for k in keys if k in p}}
+      if p.get("byte_ideal_speedup"):
+        row["of_byte_ideal"] = p["measured_speedup"] / p["byte_ideal_speedup"]
+      out.append(row)
+  return out
 
 
 def scale_figures(scale: dict, ceiling) -> dict:
@@ -138,6 +162,8 @@ def summarise(folder: str, nominal: float) -> dict:
           "kernel_calls": kernel_rows(_read(folder, TIMING, ran), ceiling),
           "tiles": kernel_rows(tiles, ceiling), "best_tile": best_tile(tiles.get("tiles")),
           "kept_calls": kernel_rows(_read(folder, KEPT, ran), ceiling),
+          **({"whole_decode": whole_decode(_read(folder, DECODE, ran))}
+             if "decode" in ran else {}),
           "gptj_6b_shape": scale_figures(_read(folder, SCALE, ran), ceiling)}
 
 

@@ -1,5 +1,6 @@
 """How every benchmark measures: paired rounds and the median of their ratios with a
-bootstrap interval, best-of-n wall time, greedy decode tokens/s with compile time apart,
+bootstrap interval, best-of-n wall time, a device's own kernel time from a profiler trace,
+greedy decode tokens/s with compile time apart,
 cache-cold scans over distinct weight copies, where a decode's time goes, the programs
 JAX compiles, and peak resident memory of one phase of work."""
 
@@ -117,18 +118,60 @@ def median_seconds(fn, repeats: int) -> float:
 
 def read_ceiling(n_bytes: int, repeats: int) -> dict:
   """The device's read bandwidth, measured: a jitted sum over n_bytes of float32 and a copy
-  of them (a read and a write), each the median of `repeats`; the larger is the ceiling
-  (`ceiling_gb_s`).  n_bytes must exceed the last-level cache several times, else the sum
-  reads the cache."""
+  of them (a read and a write), each the median of `repeats` by wall clock and, where the
+  device records its own events (a GPU), by the kernels' device time
+  (`device_event_seconds`); the largest is the ceiling (`ceiling_gb_s`, its
+  `ceiling_source` naming which).  n_bytes must exceed the last-level cache several
+  times, else the sum reads the cache."""
   n = int(n_bytes) // 4
   x = jnp.ones((n,), jnp.float32) + 0  # on the device, not a broadcast constant
   total, copy = jax.jit(jnp.sum), jax.jit(lambda a: a + 1)
-  read_s = median_seconds(lambda: total(x).block_until_ready(), repeats)
-  copy_s = median_seconds(lambda: copy(x).block_until_ready(), repeats)
-  reduce_gb_s, copy_gb_s = 4 * n / read_s / 1e9, 2 * 4 * n / copy_s / 1e9
-  logging.info("read ceiling: sum %.1f GB/s, copy %.1f GB/s", reduce_gb_s, copy_gb_s)
-  return {"bytes": 4 * n, "reduce_gb_s": reduce_gb_s, "copy_gb_s": copy_gb_s,
-          "ceiling_gb_s": max(reduce_gb_s, copy_gb_s)}
+  read = lambda: total(x).block_until_ready()
+  write = lambda: copy(x).block_until_ready()
+  rates = {"reduce_gb_s": 4 * n / median_seconds(read, repeats) / 1e9,
+           "copy_gb_s": 2 * 4 * n / median_seconds(write, repeats) / 1e9}
+  for name, fn, moved in (("reduce_device_gb_s", read, 4 * n),
+                          ("copy_device_gb_s", write, 8 * n)):
+    device_s = device_event_seconds(fn)["device_s"]
+    rates[name] = moved / device_s / 1e9 if device_s else None
+  logging.info("read ceiling (GB/s): %s", ", ".join(
+      f"{k[:-5]} {v:.1f}" for k, v in rates.items() if v is not None))
+  source = max((k for k, v in rates.items() if v is not None), key=rates.get)
+  return {"bytes": 4 * n, **rates, "ceiling_gb_s": rates[source], "ceiling_source": source}
+
+
+def _trace_events(fn, runs: int) -> list[dict]:
+  """The events of a jax.profiler trace of `runs` calls of fn (warmed up first)."""
+  fn()
+  folder = tempfile.mkdtemp(prefix="gsi_jax_trace-")
+  with jax.profiler.trace(folder):
+    for _ in range(runs):
+      fn()
+  files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
+  return json.load(gzip.open(files[-1]))["traceEvents"] if files else []
+
+
+def device_event_seconds(fn, runs: int = 3) -> dict:
+  """Time on the device per call of fn, from a jax.profiler trace of `runs` warm calls: the
+  summed durations of the kernels on a device's stream timelines (CUPTI's records on a
+  GPU), so neither the host nor the gaps between launches count; `kernels` per call by
+  name, the largest first.  {"device_s": None} where the trace has no device stream (a
+  CPU), so wall clock is all there is."""
+  events = _trace_events(fn, runs)
+  meta = lambda kind: {(e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", ""))
+                       for e in events if e.get("ph") == "M" and e.get("name") == kind}
+  devices = {pid for (pid, _), name in meta("process_name").items()
+             if name.startswith("/device:") and "CPU" not in name}
+  streams = {key for key, name in meta("thread_name").items()
+             if key[0] in devices and name.startswith("Stream")}
+  by_name: dict[str, float] = {}
+  for e in events:
+    if e.get("ph") == "X" and (e.get("pid"), e.get("tid")) in streams:
+      by_name[e["name"]] = by_name.get(e["name"], 0.0) + e.get("dur", 0) / 1e6 / runs
+  if not by_name:
+    return {"device_s": None, "kernels": {}}
+  ranked = dict(sorted(by_name.items(), key=lambda item: -item[1])[:8])
+  return {"device_s": sum(by_name.values()), "kernels": ranked}
 
 
 def best_time(fn, repeats: int) -> float:

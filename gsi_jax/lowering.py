@@ -178,17 +178,20 @@ def triton_calls(exported: export.Exported) -> list[TritonCall]:
 # block), 64 warps, 32 blocks.  Registers are allocated per warp in units of 256.
 SM90 = dict(registers=65536, shared=233472, reserved_shared=1024, warps=64, blocks=32)
 GFX942_LDS = 65536  # MI300X: 64 KB of LDS per CU
+GFX942_SIMDS = 4  # per CU; a program of num_warps waves spreads over them
 
 
 @dataclasses.dataclass(frozen=True)
 class Binary:
-  """A compiled kernel's resources: registers per thread, spills, shared memory (bytes)."""
+  """A compiled kernel's resources: registers per thread, spills, shared memory (bytes),
+  the programs one SM or CU holds at once, and its `loop_profile`."""
   target: str
   registers: int
   spill_bytes: int  # local memory (sm_90) or scratch (gfx942): where spilled registers go
   shared_bytes: int
-  programs_per_sm: int | None = None  # sm_90: concurrent programs one SM holds
+  programs_per_unit: int  # concurrent programs one SM (sm_90) or CU (gfx942) holds
   occupancy: int | None = None  # gfx942: waves per SIMD, as the compiler reports it
+  loops: dict | None = None
 
   def as_dict(self) -> dict:
     return dataclasses.asdict(self)
@@ -199,6 +202,14 @@ def _sm90_programs(registers: int, shared: int, warps: int) -> int:
   by_registers = SM90["registers"] // max(per_warp * warps, 1)
   by_shared = SM90["shared"] // (shared + SM90["reserved_shared"])
   return min(by_registers, by_shared, SM90["warps"] // warps, SM90["blocks"])
+
+
+def _pypi_ttir(ttir: str) -> str:
+  """jax's Triton IR in the spelling PyPI's triton parses: jax's dialect prints a load's
+  cache hint as `evictionPolicy = P`, triton 3.9 as a `cachePolicy` attribute."""
+  return re.sub(r"(tt\.load [^:\n]*?) evictionPolicy = (\w+) :",
+                r"\1 {cachePolicy = #tt.cache_policy<cache_modifier = none, "
+                r"eviction_policy = \2>} :", ttir)
 
 
 def _triton_stage(ttir: str, target, options: dict) -> str:
@@ -212,7 +223,7 @@ def _triton_stage(ttir: str, target, options: dict) -> str:
   tir.load_dialects(context)
   backend.load_dialects(context)
   with tempfile.NamedTemporaryFile("w", suffix=".ttir", delete=False) as f:
-    f.write(ttir)
+    f.write(_pypi_ttir(ttir))
   try:
     module = tir.parse_mlir_module(f.name, context)
   finally:
@@ -244,9 +255,11 @@ def compile_call(call: TritonCall, arch: str):
 
 
 def compile_binary(call: TritonCall, arch: str) -> Binary:
-  """Compile one kernel call for "sm_90" or "gfx942", and read its binary's resources."""
+  """Compile one kernel call for "sm_90" or "gfx942", and read its binary's resources and
+  its assembly's `loop_profile`."""
   import triton
   compiled = compile_call(call, arch)
+  loops = loop_profile(compiled.asm["ptx" if arch == "sm_90" else "amdgcn"], arch)
   with tempfile.TemporaryDirectory() as tmp:
     if arch == "sm_90":
       cubin = os.path.join(tmp, "kernel.cubin")
@@ -260,13 +273,56 @@ def compile_binary(call: TritonCall, arch: str) -> Binary:
       shared = int(fields["SHARED"]) + int(compiled.metadata.shared)
       registers = int(fields["REG"])
       return Binary(arch, registers, int(fields["LOCAL"]) + int(fields["STACK"]), shared,
-                    programs_per_sm=_sm90_programs(registers, shared, call.num_warps))
+                    programs_per_unit=_sm90_programs(registers, shared, call.num_warps),
+                    loops=loops)
   asm = compiled.asm["amdgcn"]
   meta = lambda key: int(re.search(rf"\.{key}:\s+(\d+)", asm).group(1))
   occupancy = int(re.search(r"; Occupancy: (\d+)", asm).group(1))
   return Binary(arch, meta("vgpr_count"), meta("private_segment_fixed_size"),
                 meta("group_segment_fixed_size") + int(compiled.metadata.shared),
-                occupancy=occupancy)
+                programs_per_unit=occupancy * GFX942_SIMDS // call.num_warps,
+                occupancy=occupancy, loops=loops)
+
+
+# What a compiled kernel's assembly does, by pattern: cross-lane shuffles and barriers (a
+# reduction's steps), 16-byte global loads (to registers, or by cp.async to shared memory),
+# all global loads to registers, and loads into shared memory that bypass registers (a
+# load pipeline's).  sm_90: PTX, where a reduction shuffles with
+# bfly, down or up (shfl.sync.idx broadcasts one lane's value, as a dot's addressing does,
+# and is not counted); gfx942: AMDGCN, where a shuffle is a DPP move, a swizzle, a permute
+# or a bpermute through LDS.
+ASM_PATTERNS = {
+    "sm_90": {"label": r"^(\$L__BB\d+_\d+):", "branch": r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+)",
+              "shuffles": r"\bshfl\.sync\.(?:bfly|down|up)", "barriers": r"\bbar\.sync|\bbarrier\.sync",
+              "loads_16B": r"\bld\.global[.\w:]*\.v4\.(?:b32|u32|f32)|\bld\.global[.\w:]*\.v2\.(?:b64|u64)"
+                           r"|\bcp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(?:0x10|16)\b",
+              "loads": r"\bld\.global", "async_copies": r"\bcp\.async\.(?:ca|cg)"},
+    "gfx942": {"label": r"^(\.LBB\d+_\d+):", "branch": r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)",
+               "shuffles": r"_dpp\b|\bds_swizzle|\bds_bpermute|\bds_permute|\bv_permlane",
+               "barriers": r"\bs_barrier\b",
+               "loads_16B": r"\b(?:global|buffer)_load_dwordx4\b",
+               "loads": r"\b(?:global|buffer)_load_", "async_copies": r"\bbuffer_load_\w+ .*\blds\b"},
+}
+
+
+def loop_profile(asm: str, arch: str) -> dict:
+  """Where a kernel's instructions sit: counts of ASM_PATTERNS inside its loops (from each
+  label LLVM marks as a loop header to the last branch back to it) and in the whole
+  kernel."""
+  pats = ASM_PATTERNS[arch]
+  lines = asm.splitlines()
+  headers = {m.group(1): i for i, line in enumerate(lines)
+             if (m := re.match(pats["label"], line.strip())) and "Loop Header" in line}
+  latches = {}  # each loop header's last branch back to it
+  for i, line in enumerate(lines):
+    if (m := re.search(pats["branch"], line)) and headers.get(m.group(1), i) < i:
+      latches[m.group(1)] = i
+  inside = {i for label, last in latches.items() for i in range(headers[label], last + 1)}
+  counts = lambda rows: {key: sum(bool(re.search(pats[key], lines[i])) for i in rows)
+                         for key in ("shuffles", "barriers", "loads_16B", "loads",
+                                     "async_copies")}
+  return {"loops": len(latches), "in_loops": counts(sorted(inside)),
+          "whole": counts(range(len(lines)))}
 
 
 def gated_matmul_export(platform: str, tokens: int, d: int, k: int, out, dtype,
@@ -299,7 +355,8 @@ def op_counts(exported: export.Exported) -> collections.Counter:
 
 def site_launches(exported: export.Exported) -> tuple[int, dict[str, int]]:
   """(launches, other ops) of a gated site's program: its kernel calls and products each
-  launch; any other op that is not free (`FREE_OPS`) would be fused or launched by XLA
+  launch, counted in the program's text, so both branches of a conditional count (a call
+  runs one); any other op that is not free (`FREE_OPS`) would be fused or launched by XLA
   as it sees fit, so the count is exact only when there are none."""
   ops = op_counts(exported)
   others = {op: n for op, n in ops.items() if op not in FREE_OPS | LAUNCH_OPS}
@@ -338,9 +395,14 @@ def gptj_site_launches(platform: str, tokens: int = 1) -> list[dict]:
   return records
 
 
+# Programs resident per SM or CU that every bf16 binary holds at least (the compiled
+# binaries' own counts are in `plan_binaries`; tests/test_gpu_binaries.py).
+RESIDENT_AT_LEAST = 2
+
+
 def gptj_decode_bandwidth() -> list[dict]:
   """Each GPT-J site's decode tile on cuda and rocm, bf16: what it keeps in flight per SM or
-  CU (one program per unit at once) against what Little's law needs."""
+  CU with RESIDENT_AT_LEAST programs at once, against what Little's law needs."""
   records = []
   for platform in ARCHES:
     chip = tiling.CHIPS[platform]
@@ -350,7 +412,8 @@ def gptj_decode_bandwidth() -> list[dict]:
       records.append({"platform": platform, "chip": chip.name, "site": name, "d": d,
                       "outs": list(outs), "block_o": lay.block_o, "block_d": lay.block_d,
                       "block_k": lay.block_k, "splits": lay.splits, "programs": lay.programs,
-                      "in_flight_bytes_per_unit": tiling.bytes_in_flight(lay, 2, chip),
+                      "in_flight_bytes_per_unit": tiling.bytes_in_flight(
+                          lay, 2, chip, RESIDENT_AT_LEAST),
                       "needed_bytes_per_unit": chip.needed_in_flight})
   return records
 
@@ -384,6 +447,7 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
           [call] = triton_calls(gated_matmul_export(platform, tokens, d, k, out,
                                                     jnp.dtype(dtype), transposed, m_cols))
           binary = compile_binary(call, arch)
+          chip = tiling.CHIPS[platform]
           records.append({
               "platform": platform, "arch": arch, "regime": regime, "dtype": dtype,
               "tokens": tokens, "d": d, "k": k, "out": out if isinstance(out, int) else list(out),
@@ -391,7 +455,10 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
               "block_t": lay.block_t, "block_o": lay.block_o, "block_d": lay.block_d,
               "block_k": lay.block_k, "splits": lay.splits, "grid": list(lay.grid),
               "programs": lay.programs, "w_tile_elements": lay.block_d * lay.block_o,
-              "num_warps": call.num_warps, "num_stages": call.num_stages, **binary.as_dict()})
+              "num_warps": call.num_warps, "num_stages": call.num_stages,
+              "in_flight_bytes_per_unit": tiling.bytes_in_flight(
+                  lay, jnp.dtype(dtype).itemsize, chip, binary.programs_per_unit),
+              "needed_bytes_per_unit": chip.needed_in_flight, **binary.as_dict()})
           if progress:
             progress(records[-1])
   return records
@@ -420,10 +487,18 @@ def kept_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
       for dtype in dtypes:
         for outs, exported in kept_exports(platform, jnp.dtype(dtype), tokens).items():
           [call] = triton_calls(exported)
+          binary = compile_binary(call, arch)
+          itemsize = jnp.dtype(dtype).itemsize
+          lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, 4096, 1, outs,
+                              itemsize=itemsize)
+          chip = tiling.CHIPS[platform]
           records.append({"kernel": "kept_rows" if len(outs) > 1 else "kept_dots",
                           "platform": platform, "arch": arch, "dtype": dtype, "tokens": tokens,
                           "outs": list(outs), "grid": list(call.grid),
-                          **compile_binary(call, arch).as_dict()})
+                          "block_o": lay.block_o, "block_d": lay.block_d,
+                          "in_flight_bytes_per_unit": tiling.bytes_in_flight(
+                              lay, itemsize, chip, binary.programs_per_unit),
+                          "needed_bytes_per_unit": chip.needed_in_flight, **binary.as_dict()})
           if progress:
             progress(records[-1])
   return records
@@ -480,8 +555,10 @@ def paper_maps() -> tuple[tuple[int, int, bool], ...]:
 
 def distinct_maps(platform: str, tokens: int, dtype: str) -> list[tuple[int, int, bool]]:
   """The first of the paper's maps in each class that lowers alike on `platform`: the
-  same blocks, splits and layout of W, and the same ragged edges (a map's sizes enter
-  the kernel only through these and the grid, which `layout` computes for every map)."""
+  same blocks and layout of W, whether the reduction is split, whether each path loops,
+  whether some split has no rows of M, and the same ragged edges (a map's sizes enter
+  the kernel only through these, its loops' trip counts and the grid, which `layout`
+  computes for every map)."""
   classes = {}
   for d, out, transposed in paper_maps():
     k = site_rank(LOWERING_K, d)
@@ -489,8 +566,9 @@ def distinct_maps(platform: str, tokens: int, dtype: str) -> list[tuple[int, int
                         itemsize=jnp.dtype(dtype).itemsize)
     ragged = (d % lay.block_d, k % lay.block_k, out % lay.block_o, d % lay.d_chunk,
               k % lay.k_chunk)
-    key = (transposed, lay.block_t, lay.block_o, lay.block_d, lay.block_k, lay.splits,
-           *(edge > 0 for edge in ragged))
+    key = (transposed, lay.block_t, lay.block_o, lay.block_d, lay.block_k, lay.splits > 1,
+           lay.d_chunk > lay.block_d, lay.k_chunk > lay.block_k,
+           lay.splits * lay.k_chunk >= k + lay.k_chunk, *(edge > 0 for edge in ragged))
     classes.setdefault(key, (d, out, transposed))
   return list(classes.values())
 

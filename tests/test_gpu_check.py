@@ -15,8 +15,8 @@ from gsi_jax.ops.kernel import TOLERANCE
 from tests.test_experiments import assert_one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["kernel_check", "kernel_tests", "kernel_timing", "kernel_tiles", "kernel_kept",
-         "scale"]
+STEPS = ["kernel_check", "kernel_timing", "kernel_kept", "decode", "kernel_tests",
+         "kernel_tiles", "scale"]
 
 
 def run_benchmark(script, args):
@@ -38,6 +38,8 @@ def test_dry_run_passes_every_step(tmp_path):
   assert list(s["steps"]) == STEPS
   assert all(step["passed"] for step in s["steps"].values()), s["steps"]
   assert s["ceiling_gb_s"] == max(s["ceiling"]["reduce_gb_s"], s["ceiling"]["copy_gb_s"]) > 0
+  assert s["ceiling"]["reduce_device_gb_s"] is None  # a CPU's trace has no device stream
+  assert s["ceiling"]["launch_floor"]["wall_us"] > 0
   c = s["correctness"]
   assert c["cases"] == c["passed"] == 18 and not c["failed"]
   assert c["tolerance"] == {d.name: TOLERANCE[d] for d in map(jnp.dtype, ("float32", "bfloat16"))}
@@ -57,17 +59,28 @@ def test_dry_run_passes_every_step(tmp_path):
   for r in calls + s["tiles"] + kept:
     assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"] and r["rounds"] == 3
     assert r["kernel_of_ceiling"] == pytest.approx(r["kernel_gb_s"] / s["ceiling_gb_s"])
-  # One token reads M (k x O) when fast and W (d x O) when slow: d = 256, k = 32.
-  assert [r["byte_ideal_speedup"] for r in calls[:2]] == [1.0, 8.0]
+  # One token reads V_k (d x k) for g, then M (k x O) when fast or W (d x O) when slow:
+  # d = 256, k = 32, O = 512.
+  d, k, O = 256, 32, 512
+  assert [r["byte_ideal_speedup"] for r in calls[:2]] == [d * O / (d * O + d * k),
+                                                          d * O / (k * O + d * k)]
+  assert all(r["byte_ideal_with_v_k"] == r["byte_ideal_speedup"] for r in calls)
+  decode = s["whole_decode"]
+  assert [(r["batch"], r["method"]) for r in decode] == [
+      (b, m) for b in (1, 2) for m in ("gsi_static", "gsi_p0.9", "gsi_p0.5", "gsi_eps0",
+                                       "sparsity_0.5")]
+  one = {r["method"]: r for r in decode if r["batch"] == 1}
+  assert one["gsi_static"]["fast_share"] == 1 and one["gsi_eps0"]["fast_share"] == 0
+  assert 0 < one["gsi_p0.5"]["fast_share"] < one["gsi_p0.9"]["fast_share"] < 1
+  assert one["gsi_eps0"]["byte_ideal_speedup"] == 1.0  # W alone: V_k is not read
+  assert 0.3 < one["sparsity_0.5"]["kept_share"] < 0.7
+  assert all("byte_ideal_speedup" not in r for r in decode if r["batch"] == 2)
   assert s["best_tile"]["tile"] in ("32x128x4", "64x64x4")
   gptj = s["gptj_6b_shape"]
   assert gptj["shape"] == "gptj-tiny" and gptj["calibration_s"]["cascade"] > 0
   assert set(gptj["calibration_phase_s"]["cascade"]) >= {"forward", "gram", "solve", "compile"}
   assert gptj["programs_compiled"]["cascade"]["after_first_layer"] == 0
-  assert [p["impl"] for p in gptj["points"]] == ["pallas"] * 3
-  assert gptj["decode_bases"] == "cascade at full depth (reused)"  # same depth, dtype, k
-  assert gptj["dense_of_ceiling"] == pytest.approx(gptj["dense_bandwidth_gb_s"]
-                                                   / s["ceiling_gb_s"])
+  assert gptj["points"] is None and gptj["dense_tokens_per_s"] is None  # step 4 decodes
 
 
 def test_summary_reports_missing_steps(tmp_path):
@@ -162,6 +175,17 @@ def test_kernel_benchmark_bad_flags_exit_2(tmp_path, args, message):
   assert_one_error_line(run_benchmark("gpu_kernel.py", args + out), message)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--batch=0"], "--batch takes positive whole numbers"),
+    (["--layers=-1"], "--layers must be >= 0"),
+    (["--new_tokens=0"], "--new_tokens"),
+    ([], "--out is required"),
+])
+def test_decode_benchmark_bad_flags_exit_2(tmp_path, args, message):
+  out = [] if message == "--out is required" else [f"--out={tmp_path / 'd.json'}"]
+  assert_one_error_line(run_benchmark("gpu_decode.py", args + out), message)
+
+
 def test_scale_in_memory_refuses_a_checkpoint_too(tmp_path):
   assert_one_error_line(run_benchmark("scale.py", [
       "--in_memory", f"--checkpoint={tmp_path}", "--shape=gptj-tiny"]),
@@ -249,13 +273,13 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
 
 
 def test_the_stated_bound_is_the_sum_of_every_limit():
-  """The header's "at most 605 s" is the device line's timeouts, each step's limit and the
+  """The header's "at most 540 s" is the device line's timeouts, each step's limit and the
   summary's timeout: nothing in the script runs unbounded."""
   script = open(os.path.join(ROOT, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
   steps = [int(s) for s in re.findall(r"^step \w+ (\d+) ", script, re.M)]
   timeouts = [int(s) for s in re.findall(r"timeout (\d+) ", script)]
   assert len(steps) == len(STEPS)
-  assert sum(steps) + sum(timeouts) == 605 and "at most 605 s, 10.1 minutes" in script
+  assert sum(steps) + sum(timeouts) == 540 and "at most 540 s, 9.0 minutes" in script
   # Every command outside a step is under a timeout: the device line's two and the summary.
   assert re.findall(r"(timeout \d+ )?(nvidia-smi --query|\$PY -c|\$PY benchmarks/gpu_summary)",
                     script) == [("timeout 10 ", "nvidia-smi --query"), ("timeout 20 ", "$PY -c"),

@@ -1,8 +1,8 @@
 """Whole GPU programs lower on this CPU: a GSI model's forward and decode step run one compiled
-kernel per gated site (every map that reads the site's input) for cuda and rocm, a decode
-step's gated site is two launches at GPT-J's shapes, and the XLA decode step and the
-streaming calibration's device work carry nothing CPU-only (no host callback, no float64,
-no CPU library)."""
+kernel per gated site (every map that reads the site's input) for cuda and rocm, a gated
+site is g = x V_k and one kernel beside XLA's reductions at GPT-J's shapes, and the XLA
+decode step and the streaming calibration's device work carry nothing CPU-only (no host
+callback, no float64, no CPU library)."""
 
 import dataclasses
 import functools
@@ -19,6 +19,7 @@ from gsi_jax.loading.load import param_shapes
 from gsi_jax.models import ModelConfig
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block
+from gsi_jax.ops import tiling
 
 GPU = tuple(lowering.ARCHES)
 
@@ -49,15 +50,27 @@ def test_other_families_run_one_kernel_per_gated_site(name):
 
 
 @pytest.mark.parametrize("platform", GPU)
-def test_a_decode_site_is_two_launches(platform):
-  """At one token, each of GPT-J's gated sites and its GSI head is g = x V_k and one kernel
-  call, with nothing else that would need a kernel of its own: the gate is computed inside,
-  the maps of a site share the call, no split sum follows, a ragged last block is stored
-  masked.  Prefill's split reduction is summed by XLA: there the count grows, and says so."""
-  for r in lowering.gptj_site_launches(platform):
-    assert (r["launches"], r["other_ops"]) == (2, {}), r
-  prefill = lowering.gptj_site_launches(platform, tokens=16)
-  assert any(r["other_ops"].get("stablehlo.reduce") for r in prefill)
+@pytest.mark.parametrize("tokens", [1, 16])
+def test_a_site_is_one_product_one_kernel_and_xlas_reductions(platform, tokens):
+  """Each of GPT-J's gated sites and its GSI head, gated (ε > 0), is g = x V_k and one
+  kernel call (the maps of a site share it, a ragged last block is stored masked), beside
+  what XLA fuses as it sees fit: the gate's two norms per token (‖x‖², ‖g‖²), decided once
+  before the call, and one sum over the splits of the reduction per map.  Its other
+  branch (ε ≤ 0, where no token can be fast) is one dense product per map, so the
+  program's text holds 2 + maps products and kernels, and one more reduce (ε > 0)."""
+  for r in lowering.gptj_site_launches(platform, tokens):
+    maps = len(r["outs"])
+    lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, r["d"], 256, r["outs"])
+    assert r["launches"] == 2 + maps, r
+    assert r["other_ops"]["stablehlo.reduce"] == 3 + (lay.splits > 1) * maps, r
+    assert not set(r["other_ops"]) - XLA_GATE_AND_SUM_OPS, r
+
+
+# The elementwise work of the gate, the token states' padding, and the split sums.
+XLA_GATE_AND_SUM_OPS = frozenset({
+    "stablehlo.convert", "stablehlo.multiply", "stablehlo.reduce", "stablehlo.add",
+    "stablehlo.subtract", "stablehlo.broadcast_in_dim", "stablehlo.compare", "stablehlo.and",
+    "stablehlo.select", "stablehlo.pad", "stablehlo.slice"})
 
 
 def test_tpu_and_cpu_pick_their_own_kernels():

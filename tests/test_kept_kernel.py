@@ -102,26 +102,6 @@ def test_lower_to_one_kernel_call(platform):
       assert lowering.interpreter_loops(exported) == 0
 
 
-@pytest.mark.parametrize("platform", GPU_PLATFORMS)
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("tokens", [1, 16])
-def test_binaries_fit(platform, dtype, tokens):
-  """Compiled for sm_90 and gfx942: no spills, at most 64 KB of LDS, 2 programs per SM or CU."""
-  pytest.importorskip("triton")
-  arch = lowering.ARCHES[platform]
-  for outs, exported in lowering.kept_exports(platform, dtype, tokens).items():
-    [call] = lowering.triton_calls(exported)
-    binary = lowering.compile_binary(call, arch)
-    assert binary.spill_bytes == 0 and 0 < binary.registers <= 256, binary
-    if arch == "gfx942":
-      assert binary.shared_bytes <= lowering.GFX942_LDS and binary.occupancy >= 2, binary
-    else:
-      assert binary.programs_per_sm >= 2, binary
-    lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, 4096, 1, outs,
-                        itemsize=jnp.dtype(dtype).itemsize)
-    assert call.grid == lay.grid
-
-
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_ops_take_the_kernel_by_impl(tokens):
   """kept_product (sparsity, the residual, R-Sparse) and CATS' up projection agree on every

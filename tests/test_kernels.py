@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gsi_jax import GSIError, make_gate
+from gsi_jax import GSIError, lowering, make_gate
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
                          gated_matmul_reference, tiling)
 from gsi_jax.ops.kernel import TOLERANCE, relative_error  # by dtype, beside its PRECISION
-# (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, output
-# blocks narrowed to fill the chip, a loop over row tiles), a few tokens, 16 and 33 tokens
+# (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, the
+# reduction split to fill the chip, a loop over row tiles), a few tokens, 16 and 33 tokens
 # (prefill plan: tensor-core tiles, the reduction split, a ragged last token block), widths
 # that are not multiples of 16, and the default model's d = 576.
 SHAPES = [(1, 100, 24, 200), (1, 1000, 40, 72), (5, 96, 24, 200), (16, 128, 32, 128),
@@ -60,12 +60,14 @@ def assert_same_call(got, want, dtype):
 
 
 def test_cases_cover_the_gpu_plans():
-  """The shapes above reach every branch of the GPU layouts: narrowed output blocks and
-  loops over tiles (decode), split reductions (prefill), masked rows, columns and tokens."""
+  """The shapes above reach every branch of the GPU layouts: at one token a split reduction
+  with a loop over tiles and splits left without rows of M; split reductions of several
+  tokens; masked rows, columns and tokens."""
   for platform in GPU_PLATFORMS:
     lays = [tiling.layout(tiling.plan_for(platform, T), T, D, K, O) for T, D, K, O in SHAPES]
-    assert any(l.block_o < l.plan.block_o and l.block_t == 1 for l in lays)  # narrowed
-    assert any(l.d_chunk > l.block_d and l.block_t == 1 for l in lays)  # a loop over tiles
+    one = [l for l in lays if l.block_t == 1]
+    assert any(l.splits > 1 and l.d_chunk > l.block_d for l in one)  # a loop in each split
+    assert any(l.splits * l.k_chunk >= l.k + l.k_chunk for l in one)  # splits without M rows
     assert any(l.splits > 1 and l.block_t > 1 for l in lays)
     assert any(l.mask_d for l in lays) and any(l.mask_k for l in lays)
     assert any(any(l.mask_outs) for l in lays)
@@ -152,11 +154,11 @@ def test_tile_sizes_do_not_change_results():
   g = x @ V
   small = tiling.TilePlan(16, 16, 16, 16, min_programs=64)
   large = tiling.TilePlan(32, 256, 512, 128)
-  narrowed = tiling.TilePlan(1, 128, 16, 16, min_programs=1024, min_block_o=16)
+  per_token = tiling.TilePlan(1, 64, 16, 16, min_programs=1024)
   a = gated_matmul_on("cuda", x, g, 0.1, [M], [W], plan=small, interpret=True)
   assert tiling.layout(small, 40, 96, 24, 300).splits > 1
-  assert tiling.layout(narrowed, 40, 96, 24, 300).block_o == 16
-  for plan in (large, narrowed):
+  assert tiling.layout(per_token, 40, 96, 24, 300).splits > 1
+  for plan in (large, per_token):
     b = gated_matmul_on("cuda", x, g, 0.1, [M], [W], plan=plan, interpret=True)
     np.testing.assert_array_equal(np.asarray(a[1]), np.asarray(b[1]))
     np.testing.assert_allclose(np.asarray(a[0][0]), np.asarray(b[0][0]), rtol=1e-5, atol=1e-5)
@@ -173,15 +175,18 @@ SITES = {"gptj": [(4096, (4096,) * 3 + (16384,)), (4096, (4096,)), (16384, (4096
 @pytest.mark.parametrize("platform", GPU_PLATFORMS)
 @pytest.mark.parametrize("model", list(SITES))
 def test_decode_tiles_keep_enough_bytes_in_flight(platform, model):
-  """Little's law at one token: each decode site, one call with no split reduction, keeps at
-  least bandwidth × latency / units bytes of bf16 weights in flight per SM or CU, with a
-  program for nearly every SM or CU (at least 128: a 4096-output map in 32-column blocks)."""
+  """Little's law at one token: each decode site, one call, splits its reduction until the
+  chip has the plan's programs (4 per SM, 2 per CU), and with 2 of them resident per SM
+  or CU (what every bf16 binary holds at least, tests/test_gpu_binaries.py) keeps
+  at least bandwidth × latency / units bytes of bf16 weights in flight."""
   chip = tiling.CHIPS[platform]
+  plan = tiling.plan_for(platform, 1)
   for d, outs in SITES[model]:
-    lay = tiling.layout(tiling.plan_for(platform, 1), 1, d, 256, outs)
-    assert lay.splits == 1 and lay.programs >= 128, (d, outs, lay.grid)
-    assert tiling.bytes_in_flight(lay, 2, chip) >= chip.needed_in_flight, (d, outs, lay)
-  # The check can fail: the 64 × 64 tiles of a split reduction keep 8 KB per unit.
+    lay = tiling.layout(plan, 1, d, 256, outs)
+    assert lay.programs >= plan.min_programs and lay.block_o == 256, (d, outs, lay.grid)
+    assert tiling.bytes_in_flight(lay, 2, chip, lowering.RESIDENT_AT_LEAST) >= \
+        chip.needed_in_flight, lay
+  # The check can fail: one resident program of 64 × 64 tiles keeps 8 KB per unit.
   split = tiling.layout(tiling.TilePlan(1, 64, 64, 32, 2 * chip.units), 1, 4096, 256, 4096)
   assert split.splits > 1
   assert tiling.bytes_in_flight(split, 2, chip) == 8192 < chip.needed_in_flight
@@ -341,3 +346,35 @@ def test_ladder_and_sketch_through_the_kernel_equal_xla(kind):
 def test_bad_impl():
   with pytest.raises(GSIError, match="impl 'cuda' is not one of"):
     make_gate(0.1, impl="cuda")
+
+
+def test_coin_gate_fires_at_its_rate_on_every_impl():
+  """mode "coin": each token fast with probability eps whatever its residual, the same
+  tokens on the XLA path and through the kernel (which takes the decision as thresholds),
+  with outputs g M on fast tokens and x W on slow ones."""
+  x, V, M, W = problem(400, 96, 24, 72, jnp.float32, seed=9)
+  weights = GatedWeights([W], V, [M])
+  for p in (0.0, 0.5, 0.9, 1.0):
+    got = {}
+    for impl in ("xla", "pallas"):
+      gate = make_gate(p, "coin", impl=impl)
+      ys, fast, _ = gated_linear(x[None], weights, gate.eps, gate)
+      got[impl] = np.asarray(ys[0][0]), np.asarray(fast[0])
+    np.testing.assert_array_equal(got["pallas"][1], got["xla"][1])
+    assert abs(got["xla"][1].mean() - p) < 0.08, (p, got["xla"][1].mean())
+    want = gated_matmul_reference(x, x @ V, jnp.where(jnp.asarray(got["xla"][1]), jnp.inf, 0.0),
+                                  [M], [W])[0][0]
+    for y, _ in got.values():
+      assert_close(y, want, jnp.float32)
+
+
+def test_at_eps_zero_the_kernel_path_reads_no_basis():
+  """At ε = 0 no token can be fast: the kernel path, like XLA's, takes the branch of dense
+  products, which reads neither V_k nor M (NaN there changes nothing)."""
+  x, V, M, W = problem(3, 96, 24, 72, jnp.float32, seed=10)
+  poisoned = GatedWeights([W], jnp.full_like(V, jnp.nan), [jnp.full_like(M, jnp.nan)])
+  for impl in ("xla", "pallas"):
+    gate = make_gate(0.0, impl=impl)
+    ys, fast, rank = gated_linear(x[None], poisoned, gate.eps, gate)
+    assert not np.asarray(fast).any() and not np.asarray(rank).any()
+    np.testing.assert_allclose(np.asarray(ys[0][0]), np.asarray(x @ W), rtol=1e-5, atol=1e-5)

@@ -754,3 +754,59 @@ def test_ci_time_is_the_build_notes():
   # bash's SECONDS counts each target in whole seconds: up to 1 s over, each
   assert round(r["wall_min"], 1) == 49.7 and r["wall_s"] >= sum(times.values()) - len(times)
   assert [round(t / 60, 1) for t in times.values()] == [20.2, 15.3, 14.2]
+
+def _range_text(values, scale=1.0, digits=0):
+  """"a–b" (or "a") over values, as RESULTS §14's tables print them."""
+  shown = sorted({round(v / scale, digits) if digits else round(v / scale) for v in values})
+  text = lambda v: f"{v:g}"
+  return text(shown[0]) if len(shown) == 1 else f"{text(shown[0])}–{text(shown[-1])}"
+
+
+def test_compiled_kernel_tables_are_the_json():
+  """RESULTS §14: each plan's row of the binaries table (registers, spills, shared memory,
+  programs per unit, bytes in flight) and of the loop table is what gpu_lowering.json holds."""
+  saved = load("benchmarks/gpu_lowering.json")
+  with open(os.path.join(ROOT, "RESULTS.md"), encoding="utf-8") as f:
+    text = f.read()
+  for platform, arch in (("cuda", "sm_90"), ("rocm", "gfx942")):
+    for regime in ("decode", "batch", "prefill"):
+      rows = [r for r in saved["binaries"] if (r["platform"], r["regime"]) == (platform, regime)]
+      of = lambda dtype, key: [r[key] for r in rows if r["dtype"] == dtype]
+      both = lambda key, **kw: f"{_range_text(of('bfloat16', key), **kw)} / {_range_text(of('float32', key), **kw)}"
+      binaries = (f"| {platform} {regime} | {arch} | {both('registers')} | "
+                  f"{_range_text([r['spill_bytes'] for r in rows])} | "
+                  f"{_range_text(of('bfloat16', 'shared_bytes'), 1024)} KiB / "
+                  f"{_range_text(of('float32', 'shared_bytes'), 1024)} KiB | "
+                  f"{both('programs_per_unit')} | "
+                  f"{_range_text(of('bfloat16', 'in_flight_bytes_per_unit'), 1024, 1)} |")
+      assert binaries in text, binaries
+      loops = [r["loops"] for r in rows]
+      inside = lambda key: _range_text([l["in_loops"][key] for l in loops])
+      assert all(l["in_loops"]["barriers"] == (0 if regime == "decode" else 2) * l["loops"]
+                 for l in loops)
+      row = (f"| {platform} {regime} | {arch} | {_range_text([l['loops'] for l in loops])} | "
+             f"{inside('shuffles')} | {'0' if regime == 'decode' else '2 a loop'} | "
+             f"{inside('loads_16B')} | {inside('async_copies') if arch == 'sm_90' else '—'} |")
+      assert row in text, row
+  for kernel, name in (("kept_rows", "kept rows"), ("kept_dots", "kept dots")):
+    for arch in ("sm_90", "gfx942"):
+      rows = [r for r in saved["kept_binaries"] if (r["kernel"], r["arch"]) == (kernel, arch)]
+      of = lambda dtype: [r["registers"] for r in rows if r["dtype"] == dtype]
+      loops = {r["loops"]["loops"] for r in rows}
+      assert all(r["loops"]["in_loops"]["shuffles"] == 0 for r in rows)
+      per_loop = {r["tokens"]: r["loops"]["in_loops"]["barriers"] // max(r["loops"]["loops"], 1)
+                  for r in rows}
+      row = (f"| {name} | {arch} | {_range_text(of('bfloat16'))} / {_range_text(of('float32'))} | "
+             f"{_range_text([r['spill_bytes'] for r in rows])} | "
+             f"{_range_text([r['programs_per_unit'] for r in rows])} | "
+             + ("0 (unrolled) | — | — |" if loops == {0} else
+                f"{_range_text(loops)} | 0 | {per_loop[1]}, {per_loop[16]} a loop |"))
+      assert row in text, row
+  sites = {}
+  for r in saved["decode_bandwidth"]:
+    sites.setdefault(r["site"], []).append(
+        f"{r['block_o']} × {r['block_d']}, {r['splits']} splits: {r['programs']} | "
+        f"{r['in_flight_bytes_per_unit'] / 1024:.1f}")
+  launches = {r["site"]: r["launches"] for r in saved["gptj_sites"] if r["tokens"] == 1}
+  for site, (cuda, rocm) in sites.items():
+    assert f"| {launches[site]} (2) | {cuda} | {rocm} |" in text, site

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from gsi_jax.errors import GSIError
 
-MODES = ("gated", "static", "dense", "soft")
+MODES = ("gated", "static", "dense", "soft", "coin")
 # Widths of the smooth gates, in units of ρ² (GSI) and of the threshold (sparsity).
 SOFT_GATE_WIDTH, SOFT_KEEP_WIDTH = 0.01, 0.1
 IMPLS = ("xla", "pallas", "auto")
@@ -28,9 +28,11 @@ class Gate:
   eps and head_eps are traced, so sweeping them does not recompile; the rest
   is static.  head_eps gates a GSI LM head (None: eps).
   mode: "gated" (the paper), "static" (always M g: the negative control),
-  "dense" (ignore the bases) or "soft" (for learning per-site budgets,
+  "dense" (ignore the bases), "soft" (for learning per-site budgets,
   `gsi_jax.allocation`: the hard gate and threshold in the forward pass, with
-  the gradients of their smooth versions `soft_fast` and `soft_keep`).
+  the gradients of their smooth versions `soft_fast` and `soft_keep`) or "coin"
+  (a speed instrument: each token fast with probability eps, whatever its
+  residual, `coin_fast`).
   impl: "auto" (the default: the Pallas kernels where the program is lowered for
   a GPU or TPU, xla where it is lowered for cpu), "xla" (a masked select; with
   batch1_switch a lax.switch that runs only the branch the gate picks) or
@@ -113,6 +115,16 @@ def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps) -> jax.Array:
   xc = (x_BTD @ C_DS).astype(jnp.float32)
   e = xc - (g_BTK @ D_KS).astype(jnp.float32)
   return (jnp.sum(e * e, -1) < jnp.square(eps) * jnp.sum(xc * xc, -1)) & (eps > 0)
+
+
+def coin_fast(x_BTD: jax.Array, p) -> jax.Array:
+  """Fast with probability p per token, whatever its residual: the gate's pattern at a
+  chosen rate with its decision left out, for timing.  Each token's coin is seeded by
+  its activation's bits, so every site and decode step flips its own."""
+  total_BT = jnp.sum(x_BTD.astype(jnp.float32), -1)
+  seeds = jax.lax.bitcast_convert_type(total_BT, jnp.uint32).reshape(-1)
+  flip = lambda seed: jax.random.uniform(jax.random.fold_in(jax.random.key(0), seed))
+  return jax.vmap(flip)(seeds).reshape(total_BT.shape) < p
 
 
 def ladder_ranks(x_BTD, g_BTK, rungs_R, eps) -> tuple[jax.Array, jax.Array]:

@@ -12,9 +12,10 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
          per call reads V_k and M, or V_k and W; at ε ≤ 0, where the gate cannot
          fire, a lax.cond on ε reads W alone (so ε = 0 costs what dense does);
   "pallas": `gsi_jax.ops.kernel.gated_matmul`, one call for every map of the
-         site, which computes the gate from x and g and reads M's or W's tiles
-         only for the tokens that need them (compiled on cuda, rocm and tpu,
-         interpreted on cpu);
+         site, which takes the gate's decision per token (made by XLA from x and
+         g) and reads M's or W's tiles only for the tokens that need them
+         (compiled on cuda, rocm and tpu, interpreted on cpu); at ε ≤ 0 the same
+         lax.cond reads W alone;
   "auto" (the default): "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
          (`lax.platform_dependent`: the choice follows the lowering platform,
          not the machine that traces).  The rank ladder and the output-aware
@@ -32,8 +33,8 @@ from jax import lax
 
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
-from gsi_jax.ops.gate import (Gate, gate_mask, ladder_ranks, output_gate_mask, soft_fast,
-                              straight_through)
+from gsi_jax.ops.gate import (Gate, coin_fast, gate_mask, ladder_ranks, output_gate_mask,
+                              soft_fast, straight_through)
 
 
 class GatedWeights(NamedTuple):
@@ -64,7 +65,7 @@ def fast_matmul(g_BTK: jax.Array, M: jax.Array, W: jax.Array, W_transposed: bool
 
 
 def _pallas(x_BTD, g_BTK, eps, weights: GatedWeights):
-  """Every map of the site in one kernel call, which computes the gate itself."""
+  """Every map of the site in one kernel call, the gate decided per token before it."""
   lead = x_BTD.shape[:-1]
   x_TD, g_TK = x_BTD.reshape(-1, x_BTD.shape[-1]), g_BTK.reshape(-1, g_BTK.shape[-1])
   ys, fast_T = kernel.gated_matmul(x_TD, g_TK, eps, weights.M, weights.W,
@@ -89,15 +90,22 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
           + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
           for W, M in zip(weights.W, weights.M)]
     return ys, w_BT1[..., 0], rank_BT
-  fast_BT = None  # the plain gate: computed by the path below (the kernel computes its own)
+  fast_BT = None  # the plain gate: decided by the path below
   if gate.mode == "static":
     fast_BT = jnp.ones(x_BTD.shape[:-1], bool)
+  elif gate.mode == "coin":
+    fast_BT = coin_fast(x_BTD, eps)
   elif weights.rungs is not None:
     fast_BT, rank_BT = ladder_ranks(x_BTD, g_BTK, weights.rungs, eps)
     column_BTK = lax.broadcasted_iota(jnp.int32, g_BTK.shape, g_BTK.ndim - 1)
     g_BTK = jnp.where(column_BTK < rank_BT[..., None], g_BTK, 0)
   elif weights.sketch is not None:
     fast_BT = output_gate_mask(x_BTD, g_BTK, *weights.sketch, eps)
+
+  def never_fast():  # the plain gate at ε ≤ 0: no token can be fast, so V_k is not read
+    lead = x_BTD.shape[:-1]
+    return ([dense_matmul(x_BTD, W, weights.W_transposed) for W in weights.W],
+            jnp.zeros(lead, bool), jnp.zeros(lead, jnp.int32))
 
   def xla():
     if fast_BT is not None:  # decided above
@@ -107,22 +115,17 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       g = x_BTD @ weights.V
       fast = gate_mask(x_BTD, g, eps)
       return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
-
-    def never_fast():  # ε ≤ 0: no token can be fast, so V_k is not read either
-      lead = x_BTD.shape[:-1]
-      return ([dense_matmul(x_BTD, W, weights.W_transposed) for W in weights.W],
-              jnp.zeros(lead, bool), jnp.zeros(lead, jnp.int32))
     return lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
-    if gate.mode == "static":
-      token_eps = jnp.inf
-    elif fast_BT is None:
-      token_eps = eps
-    else:  # decided above (ladder, sketch): a threshold of ∞ makes a token fast, 0 slow
-      token_eps = jnp.where(fast_BT, jnp.inf, 0.0).reshape(-1)
-    ys, fast = _pallas(x_BTD, g_BTK, token_eps, weights)
-    return ys, fast if fast_BT is None else fast_BT, rank_BT
+    if fast_BT is None:
+      def gated():  # g inside the branch, as on the xla path
+        ys, fast = _pallas(x_BTD, x_BTD @ weights.V, eps, weights)
+        return ys, fast, rank_BT
+      return lax.cond(jnp.all(eps > 0), gated, never_fast)
+    # decided above (static, coin, ladder, sketch): a threshold of ∞ makes a token fast, 0 slow
+    ys, _ = _pallas(x_BTD, g_BTK, jnp.where(fast_BT, jnp.inf, 0.0).reshape(-1), weights)
+    return ys, fast_BT, rank_BT
 
   if gate.impl == "pallas":
     return pallas()

@@ -8,9 +8,9 @@
 Any batch: a row of W (kept rows) or of W_OD (kept dots) is loaded only when some token
 of the call keeps it, as a masked load, so its bytes are never read, as TEAL's sparse
 GEMV does; here one call serves every map of a site, and the batch and decode tile
-plans of the gated kernel (`gsi_jax.ops.tiling`) apply: one program per output block
-at one token with no split reduction, one block of up to 64 tokens, so no row is
-read twice in a call.  Kept rows take x with its dropped entries zeroed and read the
+plans of the gated kernel (`gsi_jax.ops.tiling`) apply: at one token wide output blocks,
+a split reduction and a 2-D float32 accumulator summed once after the loop; one block
+of up to 64 tokens, so no row is read twice in a call.  Kept rows take x with its dropped entries zeroed and read the
 rows where some token's entry is non-zero (a kept entry that is exactly 0 adds
 nothing).  Each kernel is chosen by the platform its program is lowered for: Triton
 on cuda and rocm, the cuda plan in interpret mode on cpu, and the masked product in
@@ -29,7 +29,8 @@ from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
 from gsi_jax.ops.kernel import INTERPRETED_PLAN, PRECISION
-from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, outputs, pad, store, summed
+from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, outputs, pad,
+                                     store, summed)
 
 
 def kept_rows_reference(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
@@ -46,8 +47,8 @@ def kept_dots_reference(x_TD, keep_TO, W_OD) -> jax.Array:
 
 
 def _any_token(a, vector: bool):
-  """Per row of a tile of x (block_t, rows), or of a vector: whether any token's entry is
-  non-zero.  (Triton has no reduce_or: a max of 0/1.)"""
+  """Per column of a tile (block_t, n), or per entry of a vector: whether any token's entry
+  is non-zero.  (Triton has no reduce_or: a max of 0/1.)"""
   nonzero = jnp.where(a != 0, 1, 0)
   return nonzero == 1 if vector else jnp.max(nonzero, axis=0) == 1
 
@@ -58,34 +59,45 @@ def _x_tile(x_ref, s, c, lay: tiling.CallLayout):
   bd = lay.block_d
   r0 = pl.multiple_of(c * bd, bd)
   ok = (s * lay.d_chunk + r0 + iota(bd) < lay.d) if lay.mask_d else None
+  _, activations = cache_hints(lay)
   if lay.block_t == 1:
-    return r0, ok, load(x_ref, (jnp.int32(0), pl.ds(r0, bd)), ok)
-  return r0, ok, load(x_ref, (slice(None), pl.ds(r0, bd)), mask(None, ok, (lay.block_t, bd)))
+    return r0, ok, load(x_ref, (jnp.int32(0), pl.ds(r0, bd)), ok, activations)
+  return r0, ok, load(x_ref, (slice(None), pl.ds(r0, bd)), mask(None, ok, (lay.block_t, bd)),
+                      activations)
 
 
-def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
+def _kept_rows_kernel(x_ref, rows_ref, *refs, lay: tiling.CallLayout):
+  """One token: a 2-D float32 accumulator (block_d, block_o), summed once after the loop,
+  the rows to read being x's non-zero entries.  Several tokens: a dot per step, the rows
+  to read loaded from rows_ref (any token's entry non-zero, found before the call), so
+  no step reduces across tokens."""
   n = len(lay.outs)
   W_refs, y_refs = refs[:n], refs[n:]
   j, s = pl.program_id(1), pl.program_id(2)
   bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
   vector = bt == 1
+  weights, activations = cache_hints(lay)
 
   def one_map(m):
     cols = (j - lay.map_starts[m]) * bo + iota(bo)
     cols_ok = (cols < lay.outs[m]) if lay.mask_outs[m] else None
 
     def body(c, acc):
-      r0, _, a = _x_tile(x_ref, s, c, lay)
-      needed = _any_token(a, vector)  # rows past d load as 0: never needed
-      b = load(W_refs[m], (pl.ds(r0, bd), slice(None)), mask(needed, cols_ok, (bd, bo)))
+      r0, ok, a = _x_tile(x_ref, s, c, lay)
+      if vector:
+        needed = a != 0  # rows past d load as 0: never needed
+      else:
+        needed = load(rows_ref, (jnp.int32(0), pl.ds(r0, bd)), ok, activations) != 0
+      b = load(W_refs[m], (pl.ds(r0, bd), slice(None)), mask(needed, cols_ok, (bd, bo)), weights)
       a = a.astype(b.dtype)
       if vector:
-        return acc + jnp.sum(a.astype(jnp.float32)[:, None] * b.astype(jnp.float32), axis=0)
+        return acc + a.astype(jnp.float32)[:, None] * b.astype(jnp.float32)
       return acc + lax.dot(a, b, precision=PRECISION, preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, lay.d_chunk // bd, body,
-                        jnp.zeros((bo,) if vector else (bt, bo), jnp.float32))
-    store(y_refs[m], (acc[None, :] if vector else acc).astype(y_refs[m].dtype), cols_ok)
+                        jnp.zeros((bd, bo) if vector else (bt, bo), jnp.float32))
+    y = jnp.sum(acc, axis=0)[None, :] if vector else acc
+    store(y_refs[m], y.astype(y_refs[m].dtype), cols_ok)
 
   if n == 1:
     one_map(0)
@@ -95,9 +107,11 @@ def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
 
 
 def _kept_dots_kernel(x_ref, keep_ref, W_ref, y_ref, *, lay: tiling.CallLayout):
+  """One token: a 2-D float32 accumulator (block_o, block_d), summed once after the loop."""
   j, s = pl.program_id(1), pl.program_id(2)
   bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
   vector = bt == 1
+  weights, _ = cache_hints(lay)
   rows = j * bo + iota(bo)  # rows of W_OD: this block's outputs
   rows_ok = (rows < lay.outs[0]) if lay.mask_outs[0] else None
   if vector:
@@ -108,16 +122,16 @@ def _kept_dots_kernel(x_ref, keep_ref, W_ref, y_ref, *, lay: tiling.CallLayout):
 
   def body(c, acc):
     r0, cols_ok, a = _x_tile(x_ref, s, c, lay)
-    b = load(W_ref, (slice(None), pl.ds(r0, bd)), mask(needed, cols_ok, (bo, bd)))
+    b = load(W_ref, (slice(None), pl.ds(r0, bd)), mask(needed, cols_ok, (bo, bd)), weights)
     a = a.astype(b.dtype)
     if vector:
-      return acc + jnp.sum(b.astype(jnp.float32) * a.astype(jnp.float32)[None, :], axis=1)
+      return acc + b.astype(jnp.float32) * a.astype(jnp.float32)[None, :]
     return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=PRECISION,
                                  preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, lay.d_chunk // bd, body,
-                      jnp.zeros((bo,) if vector else (bt, bo), jnp.float32))
-  y = jnp.where(keep != 0, acc, 0)
+                      jnp.zeros((bo, bd) if vector else (bt, bo), jnp.float32))
+  y = jnp.where(keep != 0, jnp.sum(acc, axis=1) if vector else acc, 0)
   store(y_ref, (y[None, :] if vector else y).astype(y_ref.dtype), rows_ok)
 
 
@@ -131,16 +145,19 @@ def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
                       itemsize=jnp.dtype(Ws[0].dtype).itemsize)
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
+  x_kept = jnp.where(keep_TD, x_TD, 0)
   ys = pl.pallas_call(
       functools.partial(_kept_rows_kernel, lay=lay),
       out_shape=out_shapes, grid=lay.grid,
       in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)),
+                pl.BlockSpec((1, lay.d_chunk), lambda i, j, s: (0, s)),
                 *[pl.BlockSpec((lay.d_chunk, lay.block_o), lambda i, j, s, b=b: (s, b(j)))
                   for b in blocks]],
       out_specs=out_specs, interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_rows",
-  )(pad(jnp.where(keep_TD, x_TD, 0), (lay.padded_tokens, D)), *Ws)
+  )(pad(x_kept, (lay.padded_tokens, D)), jnp.any(x_kept != 0, axis=0, keepdims=True).astype(
+      jnp.int32), *Ws)
   return summed(ys, lay, x_TD.dtype)
 
 

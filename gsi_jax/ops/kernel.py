@@ -4,14 +4,16 @@
                                            y_it = x_t W_i  where it is slow,
 
 for every map i of a site (q, k and v; gate and up), which share x and g.  g = x V_k
-is computed before the kernel (one read of V_k; see `gsi_jax.ops.gated_linear`); the
-kernel computes the gate itself from x and g, so a decode step's gated site is two
-launches, the product and the kernel.  A program owns block_t tokens × block_o
-outputs of one map × one split of the reduction dimension, loops over its split
-in tiles (block_k rows of M, block_d rows of W), and reads M's tiles only when one
-of its tokens is fast and W's only when one is slow (`lax.cond`), so padded tokens
-never cause a read.  `gsi_jax.ops.tiling` holds the tile plans, one table per
-platform, and the byte and bandwidth models.
+and the gate are computed before the kernel, once per token, by XLA beside the
+product (`gsi_jax.ops.gated_linear`); the kernel reads one decision per token
+(FAST, SLOW or PADDING) and never walks x or g for it.  A program owns block_t
+tokens × block_o outputs of one map × one split of the reduction, loops over its
+split in tiles (block_k rows of M, block_d rows of W), and reads M's tiles only
+when one of its tokens is fast and W's only when one is slow (`lax.cond`), so
+padded tokens never cause a read.  At one token a tile's products are added into
+a 2-D float32 accumulator and reduced once after the loop, so the loop holds
+loads and multiply-adds only.  `gsi_jax.ops.tiling` holds the tile plans, one
+table per platform, and the byte and bandwidth models.
 
 `gated_matmul` picks the kernel by the platform it is lowered for
 (`lax.platform_dependent`), not by the machine it is traced on: Triton on cuda and
@@ -30,7 +32,8 @@ from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
 from gsi_jax.ops.gate import gate_mask
-from gsi_jax.ops.pallas_refs import iota, load, map_block, mask, outputs, pad, store, summed
+from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, outputs, pad,
+                                     store, summed)
 
 FAST, SLOW, PADDING = 1, 0, -1
 INTERPRETED_PLAN = "cuda"  # the plan cpu runs in interpret mode
@@ -71,66 +74,65 @@ def gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = Fals
   return ys, fast_T
 
 
-def _gate_state(eps_ref, xn_ref, gn_ref, i, lay: tiling.CallLayout):
-  """(block_t, 1): FAST, SLOW or PADDING per token, from its whole rows of x and g."""
-  bt = lay.block_t
-
-  def sum_squares(ref, width, block, total):
-    def body(c, acc):
-      r0 = pl.multiple_of(c * block, block)
-      ok = (r0 + iota(block) < total) if width != total else None
-      a = load(ref, (slice(None), pl.ds(r0, block)), mask(None, ok, (bt, block)))
-      a = a.astype(jnp.float32)
-      return acc + jnp.sum(a * a, axis=1, keepdims=True)
-    return lax.fori_loop(0, width // block, body, jnp.zeros((bt, 1), jnp.float32))
-
-  xx = sum_squares(xn_ref, lay.splits * lay.d_chunk, lay.block_d, lay.padded_d)
-  gg = sum_squares(gn_ref, lay.splits * lay.k_chunk, lay.block_k, lay.padded_k)
-  eps = eps_ref[...].astype(jnp.float32)
-  fast = (xx - gg < eps * eps * xx) & (eps > 0)  # `gate_mask`, per token
-  token = i * bt + lax.broadcasted_iota(jnp.int32, (bt, 1), 0)
-  return jnp.where(token < lay.tokens, jnp.where(fast, FAST, SLOW), PADDING).astype(jnp.int32)
+def token_states(fast_T, padded_tokens: int) -> jax.Array:
+  """(padded_tokens, 1) int32: FAST or SLOW per token, PADDING past the call's tokens."""
+  state = jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)
+  return jnp.pad(state, (0, padded_tokens - state.shape[0]),
+                 constant_values=PADDING)[:, None]
 
 
-def _kernel(eps_ref, xn_ref, gn_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout,
-            w_transposed: bool):
-  n = len(lay.outs)
-  M_refs, W_refs, y_refs, state_ref = refs[:n], refs[n:2 * n], refs[2 * n:3 * n], refs[3 * n]
-  i, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-  state = _gate_state(eps_ref, xn_ref, gn_ref, i, lay)
+def split_product(a_ref, b_ref, *, steps: int, block: int, rows_ok, lay: tiling.CallLayout,
+                  b_transposed: bool = False, b_ok=None):
+  """Σ over this split's rows r of a[:, r] b[r, :], in float32: (block_o,) at one token,
+  else (block_t, block_o).  b is W or M (stored (out, rows) if b_transposed), a is x or g,
+  taken in b's dtype.  rows_ok(r0): the step's rows inside the array, or None; b_ok: its
+  outputs inside the array, or None.
 
-  @pl.when((j == 0) & (s == 0))
-  def _():
-    state_ref[...] = state
-
+  One token: each step multiplies a tile into a 2-D float32 accumulator, reduced once
+  after the loop, so no step waits on a cross-lane reduction; several tokens: a
+  tensor-core dot per step, which the plan's num_stages pipelines."""
   bt, bo = lay.block_t, lay.block_o
-  vector = bt == 1  # one token: multiply and sum; else a tensor-core dot
-  acc_shape = (bo,) if vector else (bt, bo)
-  zeros = lambda: jnp.zeros(acc_shape, jnp.float32)
+  vector = bt == 1
+  weights, activations = cache_hints(lay)
+  acc_shape = ((bo, block) if b_transposed else (block, bo)) if vector else (bt, bo)
 
-  def reduce(a_ref, b_ref, chunk, block, total, masked, b_transposed, cols_ok):
-    """Σ over this split's rows r of a[:, r] b[r, :] (b stored (out, rows) if b_transposed),
-    a taken in b's dtype."""
-    def body(c, acc):
-      r0 = pl.multiple_of(c * block, block)
-      rows_ok = (s * chunk + r0 + iota(block) < total) if masked else None
-      if vector:
-        a = load(a_ref, (jnp.int32(0), pl.ds(r0, block)), rows_ok)
-      else:
-        a = load(a_ref, (slice(None), pl.ds(r0, block)), mask(None, rows_ok, (bt, block)))
-      if b_transposed:
-        b = load(b_ref, (slice(None), pl.ds(r0, block)), mask(cols_ok, rows_ok, (bo, block)))
-      else:
-        b = load(b_ref, (pl.ds(r0, block), slice(None)), mask(rows_ok, cols_ok, (block, bo)))
-      a = a.astype(b.dtype)
-      if vector:
-        a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
-        return acc + (jnp.sum(b32 * a32[None, :], axis=1) if b_transposed
-                      else jnp.sum(a32[:, None] * b32, axis=0))
-      dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
-      return acc + lax.dot_general(a, b, dims, precision=PRECISION,
-                                   preferred_element_type=jnp.float32)
-    return lax.fori_loop(0, chunk // block, body, zeros())
+  def body(c, acc):
+    r0 = pl.multiple_of(c * block, block)
+    ok = rows_ok(r0)
+    if vector:
+      a = load(a_ref, (jnp.int32(0), pl.ds(r0, block)), ok, activations)
+    else:
+      a = load(a_ref, (slice(None), pl.ds(r0, block)), mask(None, ok, (bt, block)), activations)
+    if b_transposed:
+      b = load(b_ref, (slice(None), pl.ds(r0, block)), mask(b_ok, ok, (bo, block)), weights)
+    else:
+      b = load(b_ref, (pl.ds(r0, block), slice(None)), mask(ok, b_ok, (block, bo)), weights)
+    a = a.astype(b.dtype)
+    if vector:
+      a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+      return acc + (b32 * a32[None, :] if b_transposed else a32[:, None] * b32)
+    dims = (((1,), (1,)), ((), ())) if b_transposed else (((1,), (0,)), ((), ()))
+    return acc + lax.dot_general(a, b, dims, precision=PRECISION,
+                                 preferred_element_type=jnp.float32)
+
+  acc = lax.fori_loop(0, steps, body, jnp.zeros(acc_shape, jnp.float32))
+  return jnp.sum(acc, axis=1 if b_transposed else 0) if vector else acc
+
+
+def _kernel(state_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout, w_transposed: bool):
+  n = len(lay.outs)
+  M_refs, W_refs, y_refs = refs[:n], refs[n:2 * n], refs[2 * n:]
+  j, s = pl.program_id(1), pl.program_id(2)
+  state = state_ref[...]  # (block_t, 1): one decision per token, made before the call
+  bt, bo = lay.block_t, lay.block_o
+  vector = bt == 1
+  zeros = lambda: jnp.zeros((bo,) if vector else (bt, bo), jnp.float32)
+  d_rows = lambda r0: (s * lay.d_chunk + r0 + iota(lay.block_d) < lay.padded_d) \
+      if lay.mask_d else None
+  k_rows = lambda r0: (s * lay.k_chunk + r0 + iota(lay.block_k) < lay.padded_k) \
+      if lay.mask_k else None
+  any_fast = (jnp.max(state) == FAST) & (s * lay.k_chunk < lay.padded_k)
+  any_slow = jnp.max(jnp.where(state == SLOW, 1, 0)) == 1
 
   def one_map(m):
     """Map m's block j − start: its M and W tiles, its output."""
@@ -140,12 +142,12 @@ def _kernel(eps_ref, xn_ref, gn_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout
     # stay vector loads; the padding is zero and its outputs are dropped.
     m_cols_ok = cols_ok if not lay.m_cols[m] else \
         (cols < lay.m_cols[m]) if lay.mask_m_cols[m] else None
-    y_fast = lax.cond(jnp.max(state) == FAST,
-                      lambda: reduce(g_ref, M_refs[m], lay.k_chunk, lay.block_k, lay.padded_k,
-                                     lay.mask_k, False, m_cols_ok), zeros)
-    y_slow = lax.cond(jnp.max(jnp.where(state == SLOW, 1, 0)) == 1,
-                      lambda: reduce(x_ref, W_refs[m], lay.d_chunk, lay.block_d, lay.padded_d,
-                                     lay.mask_d, w_transposed, cols_ok), zeros)
+    y_fast = lax.cond(any_fast, lambda: split_product(
+        g_ref, M_refs[m], steps=lay.k_chunk // lay.block_k, block=lay.block_k,
+        rows_ok=k_rows, lay=lay, b_ok=m_cols_ok), zeros)
+    y_slow = lax.cond(any_slow, lambda: split_product(
+        x_ref, W_refs[m], steps=lay.d_chunk // lay.block_d, block=lay.block_d,
+        rows_ok=d_rows, lay=lay, b_transposed=w_transposed, b_ok=cols_ok), zeros)
     if vector:
       y_fast, y_slow = y_fast[None, :], y_slow[None, :]
     store(y_refs[m], jnp.where(state == FAST, y_fast, y_slow).astype(y_refs[m].dtype), cols_ok)
@@ -176,16 +178,12 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
   plan = plan or tiling.plan_for(platform, T)
   lay = tiling.layout(plan, T, D, K, outs, m_cols, jnp.dtype(Ws[0].dtype).itemsize)
   Tp, Dp, Kp = lay.padded_tokens, lay.padded_d, lay.padded_k
-  eps = jnp.asarray(eps, jnp.float32)
+  fast_T = gate_mask(x_TD, g_TK, jnp.asarray(eps, jnp.float32))
   x = pad(x_TD, (Tp, Dp))
   g = pad(g_TK, (Tp, Kp))
   Ms = [pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]
   Ws = [pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
   bt, bo = lay.block_t, lay.block_o
-  if eps.ndim == 0:
-    eps, eps_spec = eps.reshape(1, 1), pl.BlockSpec((1, 1), lambda i, j, s: (0, 0))
-  else:
-    eps, eps_spec = pad(eps[:, None], (Tp, 1)), pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   if w_transposed:
     w_specs = [pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s, b=b: (b(j), s)) for b in blocks]
@@ -193,28 +191,27 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
     w_specs = [pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
   m_specs = [pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
   out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
-  *ys, state = pl.pallas_call(
+  ys = pl.pallas_call(
       functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
-      out_shape=[*out_shapes, jax.ShapeDtypeStruct((Tp, 1), jnp.int32)],
+      out_shape=out_shapes,
       grid=lay.grid,
-      in_specs=[eps_spec,
-                pl.BlockSpec((bt, lay.splits * lay.d_chunk), lambda i, j, s: (i, 0)),
-                pl.BlockSpec((bt, lay.splits * lay.k_chunk), lambda i, j, s: (i, 0)),
+      in_specs=[pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0)),
                 pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
                 pl.BlockSpec((bt, lay.k_chunk), lambda i, j, s: (i, s)),
                 *m_specs, *w_specs],
-      out_specs=[*out_specs, pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0))],
+      out_specs=out_specs,
       interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, plan),
       name="gsi_gated_matmul",
-  )(eps, x, g, x, g, *Ms, *Ws)
-  return summed(ys, lay, x_TD.dtype), state[:T, 0] == FAST
+  )(token_states(fast_T, Tp), x, g, *Ms, *Ws)
+  return summed(ys, lay, x_TD.dtype), fast_T
 
 
 @functools.partial(jax.jit, static_argnames=("w_transposed",))
 def gated_matmul(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False):
   """([y_i (T, O_i)], fast_T): g M_i on fast tokens, x W_i on slow ones, for every map of
-  a site in one call, reading only what the tokens need; the gate is computed inside.
+  a site in one call, reading only what the tokens need; the gate is decided once per
+  token before the call.
 
   The kernel is chosen where the program is lowered: compiled Triton on cuda and
   rocm, Mosaic on tpu, the cuda plan in interpret mode on cpu.

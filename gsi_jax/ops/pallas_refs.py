@@ -1,5 +1,5 @@
 """What the Pallas kernels (`kernel`, `kept_kernel`) share: masked loads and stores of refs,
-and a call's outputs by its layout.
+their cache hints, and a call's outputs by its layout.
 
 A masked-off lane is not read (it loads as zero) or not written: on a GPU that is what
 skips a weight row's bytes or keeps a ragged last block inside its array.  Pallas' Triton
@@ -29,11 +29,19 @@ def mask(rows_ok, cols_ok, shape):
   return None if not masks else masks[0] if len(masks) == 1 else masks[0] & masks[1]
 
 
-def load(ref, index, lanes_ok):
-  """ref[index], with masked-off lanes read as zero (and not read at all on a GPU)."""
-  if lanes_ok is None:
+def load(ref, index, lanes_ok, eviction_policy: str | None = None):
+  """ref[index], with masked-off lanes read as zero (and not read at all on a GPU);
+  eviction_policy ("evict_first", "evict_last" or None) is Triton's cache hint."""
+  if lanes_ok is None and eviction_policy is None:
     return ref[index]
-  return pltriton.load(ref.at[index], mask=lanes_ok, other=0)
+  return pltriton.load(ref.at[index], mask=lanes_ok, other=None if lanes_ok is None else 0,
+                       eviction_policy=eviction_policy)
+
+
+def cache_hints(lay: tiling.CallLayout) -> tuple[str | None, str | None]:
+  """(weights', activations') eviction policies under the plan: each weight byte is read
+  once (evict first), x and g by every program (evict last)."""
+  return ("evict_first", "evict_last") if lay.plan.eviction_hints else (None, None)
 
 
 def store(ref, value, cols_ok):

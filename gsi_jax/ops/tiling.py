@@ -1,49 +1,43 @@
-"""Tile plans of the gated matmul kernel: one table per platform, the byte model and the
+"""Tile plans of the Pallas kernels: one table per platform, the byte model and the
 bandwidth model.
 
 A `TilePlan` fixes what one program loads per loop step; `layout` fits it to a
 call: one call serves every map of a site (q, k and v; gate and up), their
 output blocks side by side on the grid.  Block sizes shrink to the (power-of-two
-ceiling of the) array.  Two ways fill the chip:
-  * decode (one token per program, `min_block_o` set): output blocks narrow, down
-    to min_block_o, until there are min_programs of them, and the reduction rows
-    per step widen to keep the tile's bytes; the reduction is never split, so
-    no XLA op follows the kernel (one g = x V_k product and the kernel: two
-    launches per gated site);
+ceiling of the) array.  The chip is filled by splitting the reduction in powers of
+two until the grid has min_programs programs; each split writes float32 partial
+sums that XLA adds.  M's k rows are split with W's d rows, so each split reads
+its share of M in tiles of at most block_k rows (at GPT-J's k = 256, one tile: no
+loop on the fast path).
+  * decode (one token per program): wide output blocks (256 outputs, 512-byte
+    row pieces of bf16) and a split reduction, at least 4 programs per SM (2 per
+    CU), so that Little's law holds with several programs resident;
   * batch (2 to 64 tokens: one block of them, so no weight tile is read twice
-    whatever the gates), prefill (more tokens, 32 per block) and tpu: the reduction
-    is split in powers of two until the grid has min_programs programs, each split
-    writing float32 partial sums that XLA adds.
+    whatever the gates), prefill (more tokens, 32 per block) and tpu: tensor-core
+    dot tiles, pipelined (num_stages) where the loads feed the dot.
 A padded row, column or token is masked, never read.
 
 Per platform (targets: H200, sm_90, 132 SMs; MI300X, gfx942, 304 CUs, 64 KB LDS;
-TPU: Mosaic, whole panels in VMEM); the decode tiles at GPT-J's sites, k = 256:
+TPU: Mosaic, whole panels in VMEM):
 
-| platform | regime  | block_t × block_o, block_d, block_k      | W tile (bf16 elements) |
-|----------|---------|------------------------------------------|-------------------|
-| cuda     | decode  | 1 × 128 → 32, 128 → 512, 128 → 256; 8 warps | 16384          |
-| cuda     | batch   | 16–64 × 64, 32, 32; split reduction       | 2048              |
-| cuda     | prefill | 32 × 64, 64, 32; split reduction          | 4096              |
-| rocm     | decode  | 1 × 128 → 32, 256 → 1024, 256; 8 warps    | 32768             |
-| rocm     | batch   | 16–64 × 64, 32, 32; split reduction       | 2048              |
-| rocm     | prefill | 32 × 64, 32, 32; split reduction          | 2048              |
-| tpu      | both    | 16 × 128, 512, 128; padded inputs         | 65536             |
-
-Decoding GPT-J at k = 256 (block_o × block_d: programs): on cuda its attention input
-site (q, k, v and fc_in) 128 × 128: 224, out_proj and fc_out 32 × 512: 128; on rocm
-64 × 512: 448 and 32 × 1024: 128 (`lowering.gptj_decode_bandwidth`).
+| platform | regime  | block_t × block_o, block_d, block_k; warps, stages | W tile (bf16 KiB) |
+|----------|---------|-----------------------------------------------|-------------------|
+| cuda     | decode  | 1 × 256, 32, 64; 4 warps; ≥ 528 programs      | 16                |
+| cuda     | batch   | 16–64 × 128, 64, 64; 8 warps, 3 stages        | 16                |
+| cuda     | prefill | 32 × 64, 64, 32; 4 warps, 3 stages            | 8                 |
+| rocm     | decode  | 1 × 256, 64, 128; 4 warps; ≥ 608 programs     | 32                |
+| rocm     | batch   | 16–64 × 128, 64, 64; 4 warps, 2 stages        | 16                |
+| rocm     | prefill | 32 × 64, 32, 32; 4 warps, 2 stages            | 4                 |
+| tpu      | all     | 16 × 128, 512, 128; padded inputs             | 128               |
 
 Bandwidth (Little's law): to stream at B bytes/s with a memory latency of L seconds a
-chip keeps B·L bytes in flight.  Triton pipelines only loads that feed a tensor-core
-dot, so a decode program has one tile in flight at a time, and a plan keeps
-tile bytes × programs at once.  `bytes_in_flight` states both per SM or CU
-(`CHIPS`).  The decode tiles are sized so that one program per unit covers it in bf16:
-on an H200 a 32 KiB tile against 28.4 KiB needed; on an MI300X a 64 KiB tile, because a
-4096-output map's 128 programs leave 176 of its 304 CUs idle (26.9 KiB per CU against
-13.6 KiB).
+chip keeps B·L bytes in flight.  A decode program's loop issues one tile's loads and
+waits for them, so a unit keeps tile bytes × the programs resident on it;
+`bytes_in_flight` states it per SM or CU (`CHIPS`), and `benchmarks/gpu_lowering.py`
+reads the programs resident from each compiled binary.
 
 `python benchmarks/gpu_lowering.py` compiles every plan to sm_90 and gfx942 binaries
-and reports their registers, spills and shared memory.
+and reports their registers, spills, shared memory, and what their main loops hold.
 """
 
 from __future__ import annotations
@@ -60,16 +54,18 @@ MIN_BLOCK = 16  # Triton's dot needs every dimension >= 16
 
 @dataclasses.dataclass(frozen=True)
 class TilePlan:
-  """What one program of the kernel loads per loop step, and how the call is launched.
+  """What one program loads per loop step, and how the call is launched.
 
   block_t: tokens per program; 1 is a matrix-vector product per token (multiply
-  and sum, no tensor cores), >= 16 a tensor-core dot.  block_o: outputs per
-  program.  block_d / block_k: rows of W / M per loop step.  min_programs: the
-  reduction is split in powers of two until a call has this many programs,
-  or, with min_block_o, block_o halves (down to min_block_o) until it has, while
-  block_d and block_k grow to keep the tile's bytes (no split).  pad_inputs:
-  Mosaic (TPU) has no masked loads, so ragged arrays are padded in XLA (a copy)
-  instead of masked in the kernel.
+  and add into a 2-D float32 accumulator, summed once after the loop: no
+  reduction, so no barrier or shuffle, inside it), >= 16 a tensor-core dot.
+  block_o: outputs per program.  block_d / block_k: rows of W / M per loop step,
+  as bf16 (float32 weights take half as many, so a tile keeps its bytes).
+  min_programs: the reduction is split in powers of two until a call has this
+  many programs.  eviction_hints: weights are loaded evict-first (each byte is
+  read once) and activations evict-last (every program rereads them).
+  pad_inputs: Mosaic (TPU) has no masked loads, so ragged arrays are padded in XLA
+  (a copy) instead of masked in the kernel.
   """
   block_t: int
   block_o: int
@@ -79,19 +75,23 @@ class TilePlan:
   num_warps: int | None = None
   num_stages: int | None = None
   pad_inputs: bool = False
-  min_block_o: int = 0
+  eviction_hints: bool = False
 
 
 _H200_SMS, _MI300X_CUS = 132, 304
 TILE_PLANS: dict[str, dict[str, TilePlan]] = {
-    "cuda": {"decode": TilePlan(1, 128, 128, 128, _H200_SMS, num_warps=8, num_stages=1,
-                                min_block_o=32),
-             "batch": TilePlan(64, 64, 32, 32, 2 * _H200_SMS, num_warps=4, num_stages=3),
-             "prefill": TilePlan(32, 64, 64, 32, 2 * _H200_SMS, num_warps=4, num_stages=3)},
-    "rocm": {"decode": TilePlan(1, 128, 256, 256, _MI300X_CUS, num_warps=8, num_stages=1,
-                                min_block_o=32),
-             "batch": TilePlan(64, 64, 32, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2),
-             "prefill": TilePlan(32, 64, 32, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2)},
+    "cuda": {"decode": TilePlan(1, 256, 32, 64, 4 * _H200_SMS, num_warps=4, num_stages=1,
+                                eviction_hints=True),
+             "batch": TilePlan(64, 128, 64, 64, 2 * _H200_SMS, num_warps=8, num_stages=3,
+                               eviction_hints=True),
+             "prefill": TilePlan(32, 64, 64, 32, 2 * _H200_SMS, num_warps=4, num_stages=3,
+                                 eviction_hints=True)},
+    "rocm": {"decode": TilePlan(1, 256, 64, 128, 2 * _MI300X_CUS, num_warps=4, num_stages=1,
+                                eviction_hints=True),
+             "batch": TilePlan(64, 128, 64, 64, 2 * _MI300X_CUS, num_warps=4, num_stages=2,
+                               eviction_hints=True),
+             "prefill": TilePlan(32, 64, 32, 32, 2 * _MI300X_CUS, num_warps=4, num_stages=2,
+                                 eviction_hints=True)},
     "tpu": {regime: TilePlan(16, 128, 512, 128, pad_inputs=True)
             for regime in ("decode", "batch", "prefill")},
 }
@@ -235,34 +235,28 @@ def layout(plan: TilePlan, tokens: int, d: int, k: int, out, m_cols=0,
            itemsize: int = 2) -> CallLayout:
   """Fit `plan` to one call: `out` one map's outputs or a sequence, one per map sharing
   x; m_cols M's stored columns where padded past out (an int for one map, or per map);
-  itemsize the weights' bytes per element.  The chip is filled by narrower output blocks
-  (min_block_o) or by splitting the reduction (see the module)."""
+  itemsize the weights' bytes per element.  The chip is filled by splitting the
+  reduction (see the module); M's rows split with W's."""
   outs = _as_tuple(out, 1)
   m_cols = tuple(m if m > o else 0 for m, o in zip(_as_tuple(m_cols, len(outs)), outs))
   block_t = plan.block_t if plan.block_t == 1 or plan.pad_inputs else \
       max(MIN_BLOCK, min(plan.block_t, _pow2_at_least(tokens)))
   token_blocks = _ceil_div(tokens, block_t)
   block_o = _block(plan.block_o, max(outs), plan.pad_inputs)
-  output_blocks = lambda bo: token_blocks * sum(_ceil_div(o, bo) for o in outs)
-  block_d, block_k = plan.block_d, plan.block_k
-  if plan.min_block_o:
-    while block_o > plan.min_block_o and output_blocks(block_o) < plan.min_programs:
-      block_o //= 2
-    # The tile keeps the plan's bytes (its elements at 2 bytes each) as block_o narrows.
-    block_d = max(1, plan.block_d * plan.block_o * 2 // (block_o * itemsize))
-    block_k = max(1, plan.block_k * plan.block_o * 2 // (block_o * itemsize))
-  block_d = _block(block_d, d, plan.pad_inputs)
-  block_k = _block(block_k, k, plan.pad_inputs)
-  d_tiles, k_tiles = _ceil_div(d, block_d), _ceil_div(k, block_k)
+  output_blocks = token_blocks * sum(_ceil_div(o, block_o) for o in outs)
+  as_bf16 = lambda rows: max(1, rows * 2 // itemsize)  # the tile keeps its bytes
+  block_d = _block(as_bf16(plan.block_d), d, plan.pad_inputs)
+  d_tiles = _ceil_div(d, block_d)
   splits = 1
-  while (not plan.min_block_o and output_blocks(block_o) * splits < plan.min_programs
-         and splits * 2 <= d_tiles):
+  while output_blocks * splits < plan.min_programs and splits * 2 <= d_tiles:
     splits *= 2
   d_chunk_tiles = _ceil_div(d_tiles, splits)
   splits = _ceil_div(d_tiles, d_chunk_tiles)  # no split left without rows of W
+  k_rows = _ceil_div(k, splits)  # each split's share of M's rows
+  block_k = _block(as_bf16(plan.block_k), k_rows, plan.pad_inputs)
   return CallLayout(plan, tokens, d, k, outs, block_t, block_o, block_d, block_k, splits,
                     d_chunk=d_chunk_tiles * block_d,
-                    k_chunk=_ceil_div(k_tiles, splits) * block_k, m_cols=m_cols)
+                    k_chunk=_ceil_div(k_rows, block_k) * block_k, m_cols=m_cols)
 
 
 @dataclasses.dataclass(frozen=True)
