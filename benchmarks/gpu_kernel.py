@@ -171,11 +171,12 @@ def launch_floor(c: KernelBenchConfig) -> dict:
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
-  """x, thresholds per token (∞: fast, 0: slow) that make `share` of them fast, and the
-  weights (V, M, W)."""
+  """x, g = x V_k, thresholds per token (∞: fast, 0: slow) that make `share` of them fast,
+  M and W (`_weights`)."""
   kx, kw = jax.random.split(key)
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
-  return x, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), _weights(kw, d, k, out, dtype)
+  V, M, W = _weights(kw, d, k, out, dtype)
+  return x, x @ V, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), M, W
 
 
 def _weights(key, d: int, k: int, out: int, dtype):
@@ -198,8 +199,7 @@ def correct(c: KernelBenchConfig):
   for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
                                           for dt in (jnp.float32, jnp.bfloat16)
                                           for t in CORRECT_TOKENS for f in CORRECT_SHARES):
-    x, eps, (V, M, W) = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
-    g = x @ V
+    x, g, eps, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
     (y,), fast = kernel.gated_matmul(x, g, eps, [M], [W])
     (ref,), ref_fast = kernel.gated_matmul_reference(x, g, eps, [M], [W])
     error = kernel.relative_error(y, ref)
@@ -274,7 +274,7 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
   vm_copies = copies_for(c, (d + out) * c.k * dtype.itemsize)
   copies = max(w_copies if not bool(jnp.all(fast)) else 1,
                vm_copies if bool(jnp.any(fast)) else 1, 2)
-  x, eps, _ = _problem(jax.random.key(0), tokens, d, c.k, out, dtype, share)
+  x, _, eps, _, _ = _problem(jax.random.key(0), tokens, d, c.k, out, dtype, share)
   n = min(copies, max(w_copies, vm_copies))
   weights = [_weights(jax.random.key(i), d, c.k, out, dtype) for i in range(n)]
   vm, w = min(vm_copies, n), min(w_copies, n)
