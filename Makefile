@@ -39,8 +39,9 @@ test-multiprocess: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
-# no gguf, torch or triton.  Every test that needs none of those, nor the default model's
-# weights (a GGUF), runs there too, on tiny models the main environment saves first.
+# no gguf (its torch and triton are left out here).  Every test that needs none of gguf,
+# torch or triton, nor the default model's weights (a GGUF), runs there too, on tiny models
+# the main environment saves first.
 VENV11  := .venv-jax011
 STAMP11 := $(VENV11)/.installed
 TINY    := .cache/tiny-models

@@ -85,8 +85,7 @@ class DecodeBenchConfig:
 
 
 def config_from_flags() -> DecodeBenchConfig:
-  dry = DRY if _DRY.value else {}
-  pick = lambda name, flag: dry[name] if name in dry and not flag.present else flag.value
+  pick = cli.preset_or_flag(DRY if _DRY.value else None)
   if not _OUT.value:
     raise GSIError("--out is required: the JSON this run writes")
   return DecodeBenchConfig(

@@ -122,8 +122,7 @@ def _pairs(flag: str, values, size: int) -> tuple[tuple[int, ...], ...]:
 
 
 def config_from_flags() -> KernelBenchConfig:
-  dry = DRY if _DRY.value else {}
-  pick = lambda name, flag: dry[name] if name in dry and not flag.present else flag.value
+  pick = cli.preset_or_flag(DRY if _DRY.value else None)
   if not _OUT.value:
     raise GSIError("--out is required: the JSON this run writes")
   return KernelBenchConfig(
@@ -172,19 +171,27 @@ def launch_floor(c: KernelBenchConfig) -> dict:
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
   """x, g = x V_k, thresholds per token (∞: fast, 0: slow) that make `share` of them fast,
-  M and W (`_weights`)."""
-  kx, kw = jax.random.split(key)
+  M and W."""
+  kx, kb, kw = jax.random.split(key, 3)
   x = jax.random.normal(kx, (tokens, d), jnp.float32).astype(dtype)
-  V, M, W = _weights(kw, d, k, out, dtype)
-  return x, x @ V, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), M, W
+  V, M = _basis(kb, d, k, out, dtype)
+  return x, x @ V, jnp.where(fast_tokens(tokens, share), jnp.inf, 0.0), M, _map(kw, d, out, dtype)
 
 
-def _weights(key, d: int, k: int, out: int, dtype):
-  """V (d, k) with orthonormal-scale columns, M (k, out), W (d, out), random."""
-  kv, km, kw = jax.random.split(key, 3)
-  scaled = lambda key, shape, n: (jax.random.normal(key, shape, jnp.float32)
-                                  / math.sqrt(n)).astype(dtype)
-  return scaled(kv, (d, k), d), scaled(km, (k, out), k), scaled(kw, (d, out), d)
+def _scaled(key, shape, dtype):
+  """Random normal entries over the square root of the first dimension (a map's inputs)."""
+  return (jax.random.normal(key, shape, jnp.float32) / math.sqrt(shape[0])).astype(dtype)
+
+
+def _basis(key, d: int, k: int, out: int, dtype):
+  """A random V (d, k) and M (k, out)."""
+  kv, km = jax.random.split(key)
+  return _scaled(kv, (d, k), dtype), _scaled(km, (k, out), dtype)
+
+
+def _map(key, d: int, out: int, dtype):
+  """A random W (d, out)."""
+  return _scaled(key, (d, out), dtype)
 
 
 def fast_tokens(tokens: int, share: float) -> jax.Array:
@@ -275,10 +282,9 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
   copies = max(w_copies if not bool(jnp.all(fast)) else 1,
                vm_copies if bool(jnp.any(fast)) else 1, 2)
   x, _, eps, _, _ = _problem(jax.random.key(0), tokens, d, c.k, out, dtype, share)
-  n = min(copies, max(w_copies, vm_copies))
-  weights = [_weights(jax.random.key(i), d, c.k, out, dtype) for i in range(n)]
-  vm, w = min(vm_copies, n), min(w_copies, n)
-  copies_of = [(*weights[i % vm][:2], weights[i % w][2]) for i in range(copies)]
+  bases = [_basis(jax.random.key(i), d, c.k, out, dtype) for i in range(min(vm_copies, copies))]
+  maps = [_map(jax.random.key(i), d, out, dtype) for i in range(min(w_copies, copies))]
+  copies_of = [(*bases[i % len(bases)], maps[i % len(maps)]) for i in range(copies)]
   platform = device_platform()
   if plan is None:
     call = kernel.gated_matmul

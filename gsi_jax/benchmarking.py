@@ -140,15 +140,19 @@ def read_ceiling(n_bytes: int, repeats: int) -> dict:
   return {"bytes": 4 * n, **rates, "ceiling_gb_s": rates[source], "ceiling_source": source}
 
 
-def _trace_events(fn, runs: int) -> list[dict]:
-  """The events of a jax.profiler trace of `runs` calls of fn (warmed up first)."""
+def _traced(fn, runs: int, folder: str | None = None) -> tuple[list[dict], float]:
+  """The events of a jax.profiler trace of `runs` calls of fn (compiled and warmed up
+  outside it), written under `folder` (a temporary one by default), and the traced
+  calls' wall seconds."""
   fn()
-  folder = tempfile.mkdtemp(prefix="gsi_jax_trace-")
+  folder = folder or tempfile.mkdtemp(prefix="gsi_jax_trace-")
+  t0 = time.perf_counter()
   with jax.profiler.trace(folder):
     for _ in range(runs):
       fn()
+  wall = time.perf_counter() - t0
   files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
-  return json.load(gzip.open(files[-1]))["traceEvents"] if files else []
+  return (json.load(gzip.open(files[-1]))["traceEvents"] if files else []), wall
 
 
 def device_event_seconds(fn, runs: int = 3) -> dict:
@@ -157,7 +161,7 @@ def device_event_seconds(fn, runs: int = 3) -> dict:
   GPU), so neither the host nor the gaps between launches count; `kernels` per call by
   name, the largest first.  {"device_s": None} where the trace has no device stream (a
   CPU), so wall clock is all there is."""
-  events = _trace_events(fn, runs)
+  events, _ = _traced(fn, runs)
   meta = lambda kind: {(e.get("pid"), e.get("tid")): str(e.get("args", {}).get("name", ""))
                        for e in events if e.get("ph") == "M" and e.get("name") == kind}
   devices = {pid for (pid, _), name in meta("process_name").items()
@@ -395,14 +399,7 @@ def decode_profile(model, params, ids, n: int, gate=None, folder: str | None = N
   them the counts are empty and the result says so.
   """
   run = lambda: jax.block_until_ready(model.generate(params, ids, n, gate, stop_at_eos=False))
-  run()  # compile and warm up outside the trace
-  folder = folder or tempfile.mkdtemp(prefix="gsi_jax_trace-")
-  t0 = time.perf_counter()
-  with jax.profiler.trace(folder):
-    run()
-  wall = time.perf_counter() - t0
-  files = sorted(glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True))
-  events = json.load(gzip.open(files[-1]))["traceEvents"] if files else []
+  events, wall = _traced(run, 1, folder)
   events = [e for e in events if e.get("ph") == "X"]
   by_kind: dict[str, list[float]] = {}
   for e in events:

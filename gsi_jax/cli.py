@@ -195,6 +195,13 @@ def interrupted_message() -> str:
   return f"interrupted: {kept}"
 
 
+def preset_or_flag(preset: dict | None):
+  """pick(name, flag): the flag's value, or preset[name] where the preset names it and the
+  command line left the flag unset (a benchmark's --dry sizes; None: no preset)."""
+  preset = preset or {}
+  return lambda name, flag: preset[name] if name in preset and not flag.present else flag.value
+
+
 def numbers(name: str, values, cast) -> tuple:
   """A comma-list flag as numbers, or one error line naming the flag."""
   try:

@@ -287,21 +287,23 @@ def compile_binary(call: TritonCall, arch: str) -> Binary:
 # What a compiled kernel's assembly does, by pattern: cross-lane shuffles and barriers (a
 # reduction's steps), 16-byte global loads (to registers, or by cp.async to shared memory),
 # all global loads to registers, and loads into shared memory that bypass registers (a
-# load pipeline's).  sm_90: PTX, where a reduction shuffles with
-# bfly, down or up (shfl.sync.idx broadcasts one lane's value, as a dot's addressing does,
-# and is not counted); gfx942: AMDGCN, where a shuffle is a DPP move, a swizzle, a permute
-# or a bpermute through LDS.
+# load pipeline's).  sm_90: PTX, where a reduction shuffles with bfly, down or up
+# (shfl.sync.idx broadcasts one lane's value, as a dot's addressing does, and is not
+# counted); gfx942: AMDGCN, where a shuffle is a DPP move, a swizzle, a permute or a
+# bpermute through LDS.
 ASM_PATTERNS = {
-    "sm_90": {"label": r"^(\$L__BB\d+_\d+):", "branch": r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+)",
-              "shuffles": r"\bshfl\.sync\.(?:bfly|down|up)", "barriers": r"\bbar\.sync|\bbarrier\.sync",
-              "loads_16B": r"\bld\.global[.\w:]*\.v4\.(?:b32|u32|f32)|\bld\.global[.\w:]*\.v2\.(?:b64|u64)"
-                           r"|\bcp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(?:0x10|16)\b",
-              "loads": r"\bld\.global", "async_copies": r"\bcp\.async\.(?:ca|cg)"},
-    "gfx942": {"label": r"^(\.LBB\d+_\d+):", "branch": r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)",
-               "shuffles": r"_dpp\b|\bds_swizzle|\bds_bpermute|\bds_permute|\bv_permlane",
-               "barriers": r"\bs_barrier\b",
-               "loads_16B": r"\b(?:global|buffer)_load_dwordx4\b",
-               "loads": r"\b(?:global|buffer)_load_", "async_copies": r"\bbuffer_load_\w+ .*\blds\b"},
+    "sm_90": {
+        "label": r"^(\$L__BB\d+_\d+):", "branch": r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+)",
+        "shuffles": r"\bshfl\.sync\.(?:bfly|down|up)",
+        "barriers": r"\bbar\.sync|\bbarrier\.sync",
+        "loads_16B": r"\bld\.global[.\w:]*\.(?:v4\.(?:b32|u32|f32)|v2\.(?:b64|u64))"
+                     r"|\bcp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(?:0x10|16)\b",
+        "loads": r"\bld\.global", "async_copies": r"\bcp\.async\.(?:ca|cg)"},
+    "gfx942": {
+        "label": r"^(\.LBB\d+_\d+):", "branch": r"\bs_c?branch\w*\s+(\.LBB\d+_\d+)",
+        "shuffles": r"_dpp\b|\bds_swizzle|\bds_bpermute|\bds_permute|\bv_permlane",
+        "barriers": r"\bs_barrier\b", "loads_16B": r"\b(?:global|buffer)_load_dwordx4\b",
+        "loads": r"\b(?:global|buffer)_load_", "async_copies": r"\bbuffer_load_\w+ .*\blds\b"},
 }
 
 
@@ -395,6 +397,15 @@ def gptj_site_launches(platform: str, tokens: int = 1) -> list[dict]:
   return records
 
 
+def _in_flight(lay: tiling.CallLayout, itemsize: int, platform: str, binary: Binary) -> dict:
+  """A compiled call's weight bytes in flight per SM or CU, with the programs its binary
+  holds resident, beside what Little's law needs there."""
+  chip = tiling.CHIPS[platform]
+  return {"in_flight_bytes_per_unit": tiling.bytes_in_flight(lay, itemsize, chip,
+                                                             binary.programs_per_unit),
+          "needed_bytes_per_unit": chip.needed_in_flight}
+
+
 # Programs resident per SM or CU that every bf16 binary holds at least (the compiled
 # binaries' own counts are in `plan_binaries`; tests/test_gpu_binaries.py).
 RESIDENT_AT_LEAST = 2
@@ -447,7 +458,6 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
           [call] = triton_calls(gated_matmul_export(platform, tokens, d, k, out,
                                                     jnp.dtype(dtype), transposed, m_cols))
           binary = compile_binary(call, arch)
-          chip = tiling.CHIPS[platform]
           records.append({
               "platform": platform, "arch": arch, "regime": regime, "dtype": dtype,
               "tokens": tokens, "d": d, "k": k, "out": out if isinstance(out, int) else list(out),
@@ -456,9 +466,8 @@ def plan_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
               "block_k": lay.block_k, "splits": lay.splits, "grid": list(lay.grid),
               "programs": lay.programs, "w_tile_elements": lay.block_d * lay.block_o,
               "num_warps": call.num_warps, "num_stages": call.num_stages,
-              "in_flight_bytes_per_unit": tiling.bytes_in_flight(
-                  lay, jnp.dtype(dtype).itemsize, chip, binary.programs_per_unit),
-              "needed_bytes_per_unit": chip.needed_in_flight, **binary.as_dict()})
+              **_in_flight(lay, jnp.dtype(dtype).itemsize, platform, binary),
+              **binary.as_dict()})
           if progress:
             progress(records[-1])
   return records
@@ -491,14 +500,11 @@ def kept_binaries(dtypes=("bfloat16", "float32"), progress=None) -> list[dict]:
           itemsize = jnp.dtype(dtype).itemsize
           lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, 4096, 1, outs,
                               itemsize=itemsize)
-          chip = tiling.CHIPS[platform]
           records.append({"kernel": "kept_rows" if len(outs) > 1 else "kept_dots",
                           "platform": platform, "arch": arch, "dtype": dtype, "tokens": tokens,
                           "outs": list(outs), "grid": list(call.grid),
                           "block_o": lay.block_o, "block_d": lay.block_d,
-                          "in_flight_bytes_per_unit": tiling.bytes_in_flight(
-                              lay, itemsize, chip, binary.programs_per_unit),
-                          "needed_bytes_per_unit": chip.needed_in_flight, **binary.as_dict()})
+                          **_in_flight(lay, itemsize, platform, binary), **binary.as_dict()})
           if progress:
             progress(records[-1])
   return records

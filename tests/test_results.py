@@ -772,7 +772,8 @@ def test_compiled_kernel_tables_are_the_json():
     for regime in ("decode", "batch", "prefill"):
       rows = [r for r in saved["binaries"] if (r["platform"], r["regime"]) == (platform, regime)]
       of = lambda dtype, key: [r[key] for r in rows if r["dtype"] == dtype]
-      both = lambda key, **kw: f"{_range_text(of('bfloat16', key), **kw)} / {_range_text(of('float32', key), **kw)}"
+      both = lambda key, **kw: (f"{_range_text(of('bfloat16', key), **kw)} / "
+                                f"{_range_text(of('float32', key), **kw)}")
       binaries = (f"| {platform} {regime} | {arch} | {both('registers')} | "
                   f"{_range_text([r['spill_bytes'] for r in rows])} | "
                   f"{_range_text(of('bfloat16', 'shared_bytes'), 1024)} KiB / "

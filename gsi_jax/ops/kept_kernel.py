@@ -7,14 +7,15 @@
 
 Any batch: a row of W (kept rows) or of W_OD (kept dots) is loaded only when some token
 of the call keeps it, as a masked load, so its bytes are never read, as TEAL's sparse
-GEMV does; here one call serves every map of a site, and the batch and decode tile
-plans of the gated kernel (`gsi_jax.ops.tiling`) apply: at one token wide output blocks,
-a split reduction and a 2-D float32 accumulator summed once after the loop; one block
-of up to 64 tokens, so no row is read twice in a call.  Kept rows take x with its dropped entries zeroed and read the
-rows where some token's entry is non-zero (a kept entry that is exactly 0 adds
-nothing).  Each kernel is chosen by the platform its program is lowered for: Triton
-on cuda and rocm, the cuda plan in interpret mode on cpu, and the masked product in
-XLA on tpu (Mosaic has no masked loads, so a row cannot be skipped there).
+GEMV does; here one call serves every map of a site, and the batch and decode tile plans
+of the gated kernel (`gsi_jax.ops.tiling`) apply: at one token wide output blocks, a
+split reduction and a 2-D float32 accumulator summed once after the loop; one block of
+up to 64 tokens, so no row is read twice in a call.  Kept rows take x with its dropped
+entries zeroed and read the rows where some token's entry is non-zero (a kept entry that
+is exactly 0 adds nothing).  Each kernel is chosen by the platform its program is
+lowered for: Triton on cuda and rocm, the cuda plan in interpret mode on cpu, and the
+masked product in XLA on tpu (Mosaic has no masked loads, so a row cannot be skipped
+there).
 """
 
 from __future__ import annotations
@@ -66,16 +67,17 @@ def _x_tile(x_ref, s, c, lay: tiling.CallLayout):
                       activations)
 
 
-def _kept_rows_kernel(x_ref, rows_ref, *refs, lay: tiling.CallLayout):
+def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
   """One token: a 2-D float32 accumulator (block_d, block_o), summed once after the loop,
   the rows to read being x's non-zero entries.  Several tokens: a dot per step, the rows
-  to read loaded from rows_ref (any token's entry non-zero, found before the call), so
-  no step reduces across tokens."""
+  to read loaded from the first of refs (any token's entry non-zero, found before the
+  call), so no step reduces across tokens."""
+  bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
+  vector = bt == 1
+  rows_ref, refs = (None, refs) if vector else (refs[0], refs[1:])
   n = len(lay.outs)
   W_refs, y_refs = refs[:n], refs[n:]
   j, s = pl.program_id(1), pl.program_id(2)
-  bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
-  vector = bt == 1
   weights, activations = cache_hints(lay)
 
   def one_map(m):
@@ -88,7 +90,8 @@ def _kept_rows_kernel(x_ref, rows_ref, *refs, lay: tiling.CallLayout):
         needed = a != 0  # rows past d load as 0: never needed
       else:
         needed = load(rows_ref, (jnp.int32(0), pl.ds(r0, bd)), ok, activations) != 0
-      b = load(W_refs[m], (pl.ds(r0, bd), slice(None)), mask(needed, cols_ok, (bd, bo)), weights)
+      b = load(W_refs[m], (pl.ds(r0, bd), slice(None)), mask(needed, cols_ok, (bd, bo)),
+               weights)
       a = a.astype(b.dtype)
       if vector:
         return acc + a.astype(jnp.float32)[:, None] * b.astype(jnp.float32)
@@ -146,18 +149,21 @@ def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
   x_kept = jnp.where(keep_TD, x_TD, 0)
+  # Several tokens: which rows any token needs, once, before the call (one token reads
+  # them off x itself).
+  rows, rows_spec = ([], []) if lay.block_t == 1 else (
+      [jnp.any(x_kept != 0, axis=0, keepdims=True).astype(jnp.int32)],
+      [pl.BlockSpec((1, lay.d_chunk), lambda i, j, s: (0, s))])
   ys = pl.pallas_call(
       functools.partial(_kept_rows_kernel, lay=lay),
       out_shape=out_shapes, grid=lay.grid,
-      in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)),
-                pl.BlockSpec((1, lay.d_chunk), lambda i, j, s: (0, s)),
+      in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)), *rows_spec,
                 *[pl.BlockSpec((lay.d_chunk, lay.block_o), lambda i, j, s, b=b: (s, b(j)))
                   for b in blocks]],
       out_specs=out_specs, interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_rows",
-  )(pad(x_kept, (lay.padded_tokens, D)), jnp.any(x_kept != 0, axis=0, keepdims=True).astype(
-      jnp.int32), *Ws)
+  )(pad(x_kept, (lay.padded_tokens, D)), *rows, *Ws)
   return summed(ys, lay, x_TD.dtype)
 
 
