@@ -1,3 +1,4 @@
+import importlib.metadata
 import os
 
 # The tests compile the same small programs over and over (sweeps clear JAX's caches as
@@ -11,6 +12,16 @@ for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
                     ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
   os.environ.setdefault(name, value)
 
+# Compiling is also most of what a cold cache costs (CI starts with none), so the tests
+# compile with XLA's cheapest CPU code generation (tests/compile_flags.py), only where they
+# pin the CPU (the Makefile, gpu_check's dry run): a GPU's own code generation is left as
+# XLA sets it.  Scripts a test starts inherit the flags; a test that sets XLA_FLAGS for its
+# scripts adds to them (`with_xla_flags`).
+from tests.compile_flags import cheap_compile_flags  # pylint: disable=wrong-import-position
+
+if os.environ.get("JAX_PLATFORMS") == "cpu" and "XLA_FLAGS" not in os.environ:
+  os.environ["XLA_FLAGS"] = cheap_compile_flags(importlib.metadata.version("jaxlib"))
+
 import json  # pylint: disable=wrong-import-position
 
 import filelock  # pylint: disable=wrong-import-position
@@ -20,6 +31,11 @@ import pytest  # pylint: disable=wrong-import-position
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Shapes must match exactly: an implicit rank promotion is a bug here.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def with_xla_flags(*flags: str) -> dict[str, str]:
+  """os.environ for a script, with `flags` added to XLA_FLAGS."""
+  return {**os.environ, "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()}
 
 
 # Tiny models saved beforehand (`python -m tests.hf_models DIR`), for an environment

@@ -378,3 +378,45 @@ def test_at_eps_zero_the_kernel_path_reads_no_basis():
     ys, fast, rank = gated_linear(x[None], poisoned, gate.eps, gate)
     assert not np.asarray(fast).any() and not np.asarray(rank).any()
     np.testing.assert_allclose(np.asarray(ys[0][0]), np.asarray(x @ W), rtol=1e-5, atol=1e-5)
+
+
+CHEAP_COMPILE_SCRIPT = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from gsi_jax.ops import gated_matmul_on
+from tests.test_kernels import SHAPES, problem
+ys = []
+for shape in SHAPES[:2]:
+  for dtype in (jnp.float32, jnp.bfloat16):
+    x, V, M, W = problem(*shape, dtype)
+    run = jax.jit(lambda eps: gated_matmul_on("cuda", x, x @ V, eps, [M], [W], interpret=True))
+    ys.append(np.asarray(run(0.1)[0][0], np.float32))
+np.savez(sys.argv[1], *ys)
+"""
+
+
+def test_the_tests_cheap_compile_flags_compute_what_xlas_defaults_compute(tmp_path):
+  """The suite compiles with XLA's cheapest CPU code generation (conftest): this jaxlib
+  accepts the flags, and an interpreted kernel's results under them equal those under
+  XLA's defaults within the dtype's tolerance (not bit for bit: -O0 may add in another
+  order)."""
+  import importlib.metadata
+  import os
+  import subprocess
+  import sys
+  from tests.compile_flags import cheap_compile_flags
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  results = {}
+  for name, flags in (("default", ""),
+                      ("cheap", cheap_compile_flags(importlib.metadata.version("jaxlib")))):
+    proc = subprocess.run(
+        [sys.executable, "-c", CHEAP_COMPILE_SCRIPT, str(tmp_path / f"{name}.npz")], cwd=root,
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results[name] = np.load(tmp_path / f"{name}.npz")
+  default, cheap = results["default"], results["cheap"]
+  assert len(default.files) == 4
+  for i, name in enumerate(default.files):
+    dtype = (jnp.float32, jnp.bfloat16)[i % 2]
+    assert relative_error(cheap[name], default[name]) <= TOLERANCE[jnp.dtype(dtype)]

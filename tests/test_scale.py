@@ -18,6 +18,7 @@ from gsi_jax import GSIError, footprint
 from gsi_jax.gsi import calibration, solvers
 from gsi_jax.loading import synthetic
 from gsi_jax.models import params as P
+from tests.conftest import with_xla_flags
 from tests.test_experiments import assert_one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,8 +133,8 @@ MESH_SCRIPT = textwrap.dedent("""
 
 
 def test_calibration_on_a_mesh_equals_single_device(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  env = {**with_xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": ROOT}
   proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tmp_path)], capture_output=True,
                         text=True, env=env, cwd=ROOT, timeout=600)
   assert "MESH_OK" in proc.stdout, proc.stderr[-3000:]

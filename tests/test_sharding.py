@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests.conftest import with_xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -39,8 +41,8 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sharded_equals_unsharded(tmp_path):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-         "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  env = {**with_xla_flags("--xla_force_host_platform_device_count=4"), "JAX_PLATFORMS": "cpu",
+         "PYTHONPATH": ROOT}
   proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], capture_output=True,
                         text=True, env=env, cwd=ROOT)
   assert "SHARDED_OK" in proc.stdout, proc.stderr[-3000:]

@@ -1,0 +1,108 @@
+"""What the tests' compile flags buy and cost on this CPU: the gated kernel's interpreted
+programs (the kernel tests' shapes, float32 and bfloat16) compiled and run under XLA's
+defaults and under the flags the tests set (`tests/compile_flags.py`).
+
+  python benchmarks/compile_flags.py --out results/benchmarks/compile_flags.json
+
+Each round starts one fresh process per setting, in turn (so nothing is cached in memory,
+and a drift in the machine's speed reaches both alike); each process compiles every
+program (`compile_s`, XLA's compile alone, tracing and lowering apart) and runs each
+`--runs` times after a first call (`run_s`).  The flags' speed-up of compiling and their
+slow-down of running are medians of the per-round ratios, with bootstrap intervals
+(`gsi_jax.benchmarking.ratio_interval`).  No persistent compilation cache is used.
+"""
+
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from absl import flags
+
+from gsi_jax import cli, experiment
+from gsi_jax.benchmarking import ratio_interval, ratio_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # the tests' own flags, from the repository's tests/ (not installed)
+from tests.compile_flags import cheap_compile_flags  # pylint: disable=wrong-import-position
+
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Paired rounds (one process per setting each).")
+_RUNS = flags.DEFINE_integer("runs", 3, "Timed runs of each program after its first.")
+_OUT = flags.DEFINE_string("out", "results/benchmarks/compile_flags.json", "Output JSON.")
+
+# (tokens, d, k, O): tests/test_kernels.py's SHAPES.
+SHAPES = [(1, 100, 24, 200), (1, 1000, 40, 72), (5, 96, 24, 200), (16, 128, 32, 128),
+          (33, 100, 16, 48), (1, 576, 256, 192), (3, 1024, 256, 512), (20, 1000, 48, 130),
+          (1, 3000, 40, 100)]
+
+PROGRAMS = """
+import json, sys, time
+import jax, jax.numpy as jnp, numpy as np
+from gsi_jax.ops import gated_matmul_on
+shapes, runs = json.loads(sys.argv[1]), int(sys.argv[2])
+compile_s = run_s = 0.0
+for T, D, K, O in shapes:
+  for dtype in (jnp.float32, jnp.bfloat16):
+    rng = np.random.default_rng(0)
+    V = jnp.asarray(np.linalg.qr(rng.normal(size=(D, K)))[0], dtype)
+    x = jnp.asarray(rng.normal(size=(T, D)), dtype)
+    W = jnp.asarray(rng.normal(size=(D, O)) / np.sqrt(D), dtype)
+    M = (V.T @ W).astype(dtype)
+    fn = jax.jit(lambda eps: gated_matmul_on("cuda", x, x @ V, eps, [M], [W], interpret=True))
+    lowered = fn.lower(0.1)
+    start = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s += time.perf_counter() - start
+    jax.block_until_ready(compiled(0.1))
+    start = time.perf_counter()
+    for _ in range(runs):
+      jax.block_until_ready(compiled(0.1))
+    run_s += time.perf_counter() - start
+print(json.dumps({"compile_s": compile_s, "run_s": run_s, "programs": 2 * len(shapes)}))
+"""
+
+
+def measure(xla_flags: str, runs: int) -> dict:
+  """One fresh process's compile and run seconds under `xla_flags` (no persistent cache)."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags, PYTHONPATH=ROOT)
+  proc = subprocess.run([sys.executable, "-c", PROGRAMS, json.dumps(SHAPES), str(runs)],
+                        capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+  if proc.returncode:
+    raise RuntimeError(f"the programs failed under XLA_FLAGS={xla_flags!r}:\n"
+                       f"{proc.stderr[-3000:]}")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+  del argv
+  experiment.positive("--rounds", _ROUNDS.value)
+  experiment.positive("--runs", _RUNS.value)
+  out = experiment.check_output_path(_OUT.value)
+  jaxlib = importlib.metadata.version("jaxlib")
+  cheap = cheap_compile_flags(jaxlib)
+  records = []
+  for r in range(_ROUNDS.value):
+    default, flagged = measure("", _RUNS.value), measure(cheap, _RUNS.value)
+    records.append({"round": r, "default": default, "cheap": flagged})
+    logging.info("round %d/%d: compile %.2f s -> %.2f s, run %.3f s -> %.3f s", r + 1,
+                 _ROUNDS.value, default["compile_s"], flagged["compile_s"],
+                 default["run_s"], flagged["run_s"])
+  seconds = lambda setting, key: [rec[setting][key] for rec in records]
+  compile_speedup = ratio_interval(seconds("default", "compile_s"), seconds("cheap", "compile_s"))
+  run_slowdown = ratio_interval(seconds("cheap", "run_s"), seconds("default", "run_s"))
+  logging.info("compiling %s faster, running %s slower",
+               ratio_text(compile_speedup["ratio"], compile_speedup["ratio_low"],
+                          compile_speedup["ratio_high"]),
+               ratio_text(run_slowdown["ratio"], run_slowdown["ratio_low"],
+                          run_slowdown["ratio_high"]))
+  experiment.write_json(out, {
+      "config": {"rounds": _ROUNDS.value, "runs": _RUNS.value, "jaxlib": jaxlib,
+                 "cheap_flags": cheap, "shapes": SHAPES, "plan": "cuda, interpreted"},
+      "records": records, "compile_speedup": compile_speedup, "run_slowdown": run_slowdown})
+
+
+if __name__ == "__main__":
+  cli.run(main, one_process="times one CPU process at a time")
