@@ -35,8 +35,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=15 -m "not multiprocess" tests
 
+# Its two-process runs are mostly computing, which the tests' cheap code generation
+# (tests/compile_flags.py) slows: an empty XLA_FLAGS keeps XLA's defaults (BUILD_NOTES).
 test-multiprocess: $(STAMP)
-	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
+	$(TEST_ENV) XLA_FLAGS= $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf (its torch and triton are left out here).  Every test that needs none of gguf,
@@ -145,6 +147,7 @@ benchmarks: $(STAMP)
 	  --out results/benchmarks/decode_dense_equivalents.json
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
+	$(PY) benchmarks/compile_flags.py
 
 # Paper scale (RESULTS.md section 13): random-weight checkpoints of the published shapes,
 # 12-13 GB each, written outside the repository; about 20 minutes per shape here.

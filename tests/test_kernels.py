@@ -1,6 +1,11 @@
 """The Pallas gated matmul against its pure-JAX reference, its tile plans, byte model and
 bandwidth model, and the gated-linear op's gate."""
 
+import importlib.metadata
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +17,10 @@ from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
                          gated_matmul_reference, tiling)
 from gsi_jax.ops.kernel import TOLERANCE, relative_error  # by dtype, beside its PRECISION
+from tests.compile_flags import cheap_compile_flags
+from tests.test_experiments import assert_one_error_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (tokens, d, k, O): one token (decode plan: a matrix-vector product per token, the
 # reduction split to fill the chip, a loop over row tiles), a few tokens, 16 and 33 tokens
 # (prefill plan: tensor-core tiles, the reduction split, a ragged last token block), widths
@@ -380,17 +389,21 @@ def test_at_eps_zero_the_kernel_path_reads_no_basis():
     np.testing.assert_allclose(np.asarray(ys[0][0]), np.asarray(x @ W), rtol=1e-5, atol=1e-5)
 
 
+# Three tokens, two of them near span(V) (a mixed gate at 0.1), float32 and bfloat16; a
+# fresh process imports only the op.
 CHEAP_COMPILE_SCRIPT = """
 import sys
 import jax, jax.numpy as jnp, numpy as np
 from gsi_jax.ops import gated_matmul_on
-from tests.test_kernels import SHAPES, problem
+rng = np.random.default_rng(0)
+V = np.linalg.qr(rng.normal(size=(1000, 40)))[0]
+x, W = rng.normal(size=(3, 1000)), rng.normal(size=(1000, 72)) / np.sqrt(1000)
+x[::2] = rng.normal(size=(2, 40)) @ V.T + 0.01 * rng.normal(size=(2, 1000))
 ys = []
-for shape in SHAPES[:2]:
-  for dtype in (jnp.float32, jnp.bfloat16):
-    x, V, M, W = problem(*shape, dtype)
-    run = jax.jit(lambda eps: gated_matmul_on("cuda", x, x @ V, eps, [M], [W], interpret=True))
-    ys.append(np.asarray(run(0.1)[0][0], np.float32))
+for dtype in (jnp.float32, jnp.bfloat16):
+  x_, V_, M_, W_ = (jnp.asarray(a, dtype) for a in (x, V, V.T @ W, W))
+  run = jax.jit(lambda eps: gated_matmul_on("cuda", x_, x_ @ V_, eps, [M_], [W_], interpret=True))
+  ys.append(np.asarray(run(0.1)[0][0], np.float32))
 np.savez(sys.argv[1], *ys)
 """
 
@@ -400,23 +413,28 @@ def test_the_tests_cheap_compile_flags_compute_what_xlas_defaults_compute(tmp_pa
   accepts the flags, and an interpreted kernel's results under them equal those under
   XLA's defaults within the dtype's tolerance (not bit for bit: -O0 may add in another
   order)."""
-  import importlib.metadata
-  import os
-  import subprocess
-  import sys
-  from tests.compile_flags import cheap_compile_flags
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   results = {}
   for name, flags in (("default", ""),
                       ("cheap", cheap_compile_flags(importlib.metadata.version("jaxlib")))):
     proc = subprocess.run(
-        [sys.executable, "-c", CHEAP_COMPILE_SCRIPT, str(tmp_path / f"{name}.npz")], cwd=root,
+        [sys.executable, "-c", CHEAP_COMPILE_SCRIPT, str(tmp_path / f"{name}.npz")], cwd=ROOT,
         capture_output=True, text=True, timeout=300,
-        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "PYTHONPATH": root})
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "PYTHONPATH": ROOT})
     assert proc.returncode == 0, proc.stderr[-3000:]
     results[name] = np.load(tmp_path / f"{name}.npz")
   default, cheap = results["default"], results["cheap"]
-  assert len(default.files) == 4
+  assert len(default.files) == 2
   for i, name in enumerate(default.files):
     dtype = (jnp.float32, jnp.bfloat16)[i % 2]
     assert relative_error(cheap[name], default[name]) <= TOLERANCE[jnp.dtype(dtype)]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--rounds=0"], "--rounds must be a positive whole number"),
+    (["--runs=0"], "--runs must be a positive whole number"),
+    (["--out=/"], "--out: / is a folder")])
+def test_compile_flags_benchmark_bad_flags_exit_2(bad, message):
+  """benchmarks/compile_flags.py checks its flags before it starts a process."""
+  proc = subprocess.run([sys.executable, "benchmarks/compile_flags.py", *bad], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert_one_error_line(proc, message)
