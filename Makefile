@@ -35,8 +35,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=15 -m "not multiprocess" tests
 
-# Its two-process runs are mostly computing, which the tests' cheap code generation
-# (tests/compile_flags.py) slows: an empty XLA_FLAGS keeps XLA's defaults (BUILD_NOTES).
+# An empty XLA_FLAGS keeps XLA's default code generation here: under the tests' cheap flags
+# (tests/compile_flags.py) one comparison of one process with two, at float32's
+# resolution, failed (BUILD_NOTES).
 test-multiprocess: $(STAMP)
 	$(TEST_ENV) XLA_FLAGS= $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
 
