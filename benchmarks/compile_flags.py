@@ -25,17 +25,14 @@ from gsi_jax import cli, experiment
 from gsi_jax.benchmarking import ratio_interval, ratio_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # the tests' own flags, from the repository's tests/ (not installed)
+sys.path.insert(0, ROOT)  # the tests' flags and shapes, from the repository's tests/ (not installed)
 from tests.compile_flags import cheap_compile_flags  # pylint: disable=wrong-import-position
+from tests.test_kernels import SHAPES  # pylint: disable=wrong-import-position
 
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Paired rounds (one process per setting each).")
 _RUNS = flags.DEFINE_integer("runs", 3, "Timed runs of each program after its first.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/compile_flags.json", "Output JSON.")
 
-# (tokens, d, k, O): tests/test_kernels.py's SHAPES.
-SHAPES = [(1, 100, 24, 200), (1, 1000, 40, 72), (5, 96, 24, 200), (16, 128, 32, 128),
-          (33, 100, 16, 48), (1, 576, 256, 192), (3, 1024, 256, 512), (20, 1000, 48, 130),
-          (1, 3000, 40, 100)]
 
 PROGRAMS = """
 import json, sys, time
