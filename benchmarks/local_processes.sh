@@ -15,7 +15,8 @@ if [[ $# -lt 2 || ! $1 =~ ^[1-9][0-9]*$ ]]; then
 fi
 n=$1; shift
 python=${PYTHON:-.venv/bin/python}
-port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# A free port below the ephemeral range, which no other program's connection can take first.
+port=$("$python" "$(dirname "$0")/coordinator_port.py")
 pids=()
 
 interrupt() {  # interrupt SIGNAL STATUS: pass the signal on, wait for every process, exit

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+from benchmarks.coordinator_port import coordinator_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIB = (np.arange(192, dtype=np.int32) * 7 % 97 + 1).reshape(-1, 16)
@@ -26,12 +27,6 @@ K, EPS, NEW_TOKENS = 8, 0.5, 6
 ABSL_INFO = re.compile(r"I\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ")
 
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def start(args: list[str], n: int = 2, skip: tuple[int, ...] = (),
           extra: dict[int, list[str]] | None = None,
           program: tuple[str, ...] = ("-m", "tests.multiprocess"),
@@ -41,7 +36,7 @@ def start(args: list[str], n: int = 2, skip: tuple[int, ...] = (),
   adds flags to some; `program` is what python runs (this worker, or a script of the
   repository); `stdout` and `stderr` map a process id to where its output goes, or are
   subprocess.PIPE; `port`: the coordinator's (default: a free one)."""
-  port = port or free_port()
+  port = port or coordinator_port()
   procs = {}
   for pid in range(n):
     if pid in skip:

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from tests.multiprocess import ROOT, free_port, launch, start
+from benchmarks.coordinator_port import coordinator_port
+from tests.multiprocess import ROOT, launch, start
 
 pytestmark = pytest.mark.multiprocess
 MODEL = "llama_mha"
@@ -34,7 +35,7 @@ def _load_args(tiny_folder, tmp_path):
 
 
 def test_a_coordinator_port_in_use_is_one_line_naming_it(tiny_folder, tmp_path):
-  port = free_port()
+  port = coordinator_port()
   with socket.socket() as holder:  # another program listens on the port
     holder.bind(("127.0.0.1", port))
     holder.listen()
@@ -59,7 +60,7 @@ def _wait_for(path, text, timeout=120):
 def test_a_duplicate_process_id_is_refused_naming_it(tiny_folder, tmp_path):
   """The second process given --process_id 1 on this machine is refused at once; the
   others end when the run never fills (process 2 never starts)."""
-  port = free_port()
+  port = coordinator_port()
   streams = {p: open(tmp_path / f"err{p}.txt", "w") for p in (0, 1)}
   # The first run waits 30 s for its missing process, so that it still holds --process_id 1
   # when the duplicate starts, however slowly a loaded machine imports jax.
@@ -86,7 +87,7 @@ def test_a_duplicate_process_id_is_refused_naming_it(tiny_folder, tmp_path):
 
 
 def test_processes_given_different_counts_are_refused_naming_the_count(tiny_folder, tmp_path):
-  port = free_port()
+  port = coordinator_port()
   zero = start(_load_args(tiny_folder, tmp_path), n=2, skip=(1,), port=port)
   one = start(_load_args(tiny_folder, tmp_path), n=3, skip=(0, 2), port=port)
   (rc0, _, err0), (rc1, _, err1) = [(p.wait(timeout=120),) + p.communicate()
@@ -161,7 +162,7 @@ subprocess.run(["bash", "-c", '"$0" "$@" & echo $!; wait $!; echo "status $?"'] 
 def test_a_supervised_worker_started_in_the_background_takes_sigint(tiny_folder, tmp_path):
   """SIGINT to the supervisor of a process started with `&` reaches its worker, which
   restored the SIGINT its shell made it ignore, and the run ends as interrupted (130)."""
-  port = free_port()
+  port = coordinator_port()
   proc = subprocess.Popen(
       [sys.executable, "-c", BACKGROUND, sys.executable, "-m", "tests.multiprocess",
        *_holding(tiny_folder, tmp_path), f"--coordinator_address=127.0.0.1:{port}",
