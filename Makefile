@@ -35,11 +35,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=15 -m "not multiprocess" tests
 
-# An empty XLA_FLAGS keeps XLA's default code generation here: under the tests' cheap flags
-# (tests/compile_flags.py) one comparison of one process with two, at float32's
-# resolution, failed (BUILD_NOTES).
 test-multiprocess: $(STAMP)
-	$(TEST_ENV) XLA_FLAGS= $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
+	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf (its torch and triton are left out here).  Every test that needs none of gguf,

@@ -432,7 +432,9 @@ def test_the_tests_cheap_compile_flags_compute_what_xlas_defaults_compute(tmp_pa
 @pytest.mark.parametrize("bad, message", [
     (["--rounds=0"], "--rounds must be a positive whole number"),
     (["--runs=0"], "--runs must be a positive whole number"),
-    (["--out=/"], "--out: / is a folder")])
+    (["--out=/"], "--out: / is a folder"),
+    (["--tests=tests/no_such_test.py::test_x"],
+     "--tests: tests/no_such_test.py is not a test file of this repository")])
 def test_compile_flags_benchmark_bad_flags_exit_2(bad, message):
   """benchmarks/compile_flags.py checks its flags before it starts a process."""
   proc = subprocess.run([sys.executable, "benchmarks/compile_flags.py", *bad], cwd=ROOT,
