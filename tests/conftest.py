@@ -4,12 +4,14 @@ import os
 # The tests compile the same small programs over and over (sweeps clear JAX's caches as
 # they go, and scripts run in subprocesses), and compiling is much of their time: one
 # persistent compilation cache serves every test process, xdist workers and the scripts
-# they start alike.  A size limit turns on JAX's file lock around each read and write.
+# they start alike.  It has no size limit: with one, JAX's LRU cache reads every entry's
+# size and access time on every write, under one lock for all processes, which grows with
+# the cache (thousands of entries by the end of CI).  Without one, a read that meets a
+# half-written entry fails to decompress, and JAX warns and compiles (jax/_src/compiler.py).
 COMPILATION_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                  ".cache", "jax-compilation")
 for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
-                    ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
-                    ("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))):
+                    ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")):
   os.environ.setdefault(name, value)
 
 # Compiling is also most of what a cold cache costs (CI starts with none), so the tests
