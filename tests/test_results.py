@@ -744,16 +744,32 @@ def test_decode_benchmark_measures_its_ceiling_and_times_gsi_beside_the_best_den
 
 
 def test_ci_time_is_the_build_notes():
-  """BUILD_NOTES: .ci/run on a fresh clone, 58.1 minutes in all (its targets 18.5, 18.9 and
-  20.7 minutes; the jax 0.11 install ran beside make test)."""
+  """BUILD_NOTES: .ci/run on a fresh clone, 40.5 minutes in all (its targets 16.0, 14.5 and
+  10.0 minutes; the jax 0.11 install ran beside make test)."""
   r = load("benchmarks/ci_time.json")
-  assert r["exit_status"] == 0 and r["commit"].startswith("92d745a")
+  assert r["exit_status"] == 0 and r["commit"].startswith("162ca48")
   times = {t["target"]: t["wall_s"] for t in r["targets"]}
-  assert times == {"test": 1108, "test-multiprocess": 1132, "test-jax011": 1243}
+  assert times == {"test": 960, "test-multiprocess": 870, "test-jax011": 602}
   assert all(t["exit_status"] == 0 for t in r["targets"])
   # bash's SECONDS counts each target in whole seconds: up to 1 s over, each
-  assert round(r["wall_min"], 1) == 58.1 and r["wall_s"] >= sum(times.values()) - len(times)
-  assert [round(t / 60, 1) for t in times.values()] == [18.5, 18.9, 20.7]
+  assert round(r["wall_min"], 1) == 40.5 and r["wall_s"] >= sum(times.values()) - len(times)
+  assert [round(t / 60, 1) for t in times.values()] == [16.0, 14.5, 10.0]
+
+
+def test_compile_flag_figures_are_the_build_notes():
+  """BUILD_NOTES quotes compile_flags.json (the kernel's interpreted programs) and
+  compile_flags_multiprocess.json (two tests of make test-multiprocess), as medians of
+  paired rounds with their intervals."""
+  with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
+    notes = " ".join(f.read().split())
+  text = lambda r: f"{r['ratio']:.2f}× [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]"
+  programs = load("benchmarks/compile_flags.json")
+  assert f"compiles {text(programs['compile_speedup'])} faster" in notes
+  assert f"runs {text(programs['run_slowdown'])} slower" in notes
+  tests = load("benchmarks/compile_flags_multiprocess.json")
+  assert tests["config"]["rounds"] == 3 and len(tests["config"]["tests"]) == 2
+  assert f"ran {text(tests['tests_speedup'])} faster" in notes
+
 
 def _range_text(values, scale=1.0, digits=0):
   """"a–b" (or "a") over values, as RESULTS §14's tables print them."""
