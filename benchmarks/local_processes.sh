@@ -15,8 +15,8 @@ if [[ $# -lt 2 || ! $1 =~ ^[1-9][0-9]*$ ]]; then
 fi
 n=$1; shift
 python=${PYTHON:-.venv/bin/python}
-# A free port below the ephemeral range, which no other program's connection can take first.
-port=$("$python" "$(dirname "$0")/coordinator_port.py")
+# A free port below the ephemeral range, which no outgoing connection can take first.
+port=$("$python" -c 'from gsi_jax.distributed import coordinator_port; print(coordinator_port())')
 pids=()
 
 interrupt() {  # interrupt SIGNAL STATUS: pass the signal on, wait for every process, exit

@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import socket
 import sys
@@ -78,10 +79,9 @@ class ProcessConfig:
     return bool(self.coordinator_address) or self.auto
 
 
-def check_port_free(address: str) -> None:
-  """Process 0 hosts the runtime's coordination service on every interface at the port of
-  `address`; a port that another program holds would end it in a C++ error or a crash."""
-  port = int(_ADDRESS.match(address).group(1))
+def port_held(port: int) -> bool:
+  """Whether another program holds `port` on this host, probed on every interface (`[::]`,
+  as gRPC binds it; 0.0.0.0 where the host has no IPv6)."""
   for family, host in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
     try:
       probe = socket.socket(family, socket.SOCK_STREAM)
@@ -94,10 +94,46 @@ def check_port_free(address: str) -> None:
       except OSError as e:
         if e.errno != errno.EADDRINUSE:
           continue
-        raise GSIError(f"port {port} of --coordinator_address {address} is in use by another "
-                       "program on this host, where process 0 hosts the run's coordinator; "
-                       "pick a free port and give it to every process") from None
-      return
+        return True
+      return False
+  return False
+
+
+def check_port_free(address: str) -> None:
+  """Process 0 hosts the runtime's coordination service on every interface at the port of
+  `address`; a port that another program holds would end it in a C++ error or a crash."""
+  port = int(_ADDRESS.match(address).group(1))
+  if port_held(port):
+    raise GSIError(f"port {port} of --coordinator_address {address} is in use by another "
+                   "program on this host, where process 0 hosts the run's coordinator; "
+                   "pick a free port and give it to every process")
+
+
+def ephemeral_range() -> tuple[int, int]:
+  """The kernel's ephemeral ports, inclusive (Linux's default where it cannot be read)."""
+  try:
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+      low, high = map(int, f.read().split())
+    return low, high
+  except (OSError, ValueError):
+    return 32768, 60999
+
+
+def coordinator_port(rng: random.Random | None = None) -> int:
+  """A free port for a run of local processes, below the ephemeral range (above it where
+  fewer than 1024 ports lie below).  Every outgoing connection takes its source port from
+  that range, so a port picked there (`bind(0)`) can be taken before process 0 binds it
+  (it was, in CI); one below it is never handed out unless a program asks for it."""
+  rng = rng or random.SystemRandom()
+  low, high = ephemeral_range()
+  below = range(max(1024, low - 16384), low)
+  ports = below if len(below) >= 1024 else range(high + 1, 65536)
+  for _ in range(200):
+    port = rng.choice(ports)
+    if not port_held(port):
+      return port
+  raise GSIError(f"no free port found in {ports.start}..{ports.stop - 1}; give "
+                 "--coordinator_address a port of your own")
 
 
 def initialize(config: ProcessConfig) -> None:

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from benchmarks.coordinator_port import coordinator_port
+from gsi_jax.distributed import coordinator_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIB = (np.arange(192, dtype=np.int32) * 7 % 97 + 1).reshape(-1, 16)

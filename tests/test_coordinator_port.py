@@ -3,19 +3,19 @@ outgoing connections draw their source ports from (so none can take it first).""
 
 import socket
 
-from benchmarks import coordinator_port as cp
+from gsi_jax import distributed
 
 
 def test_the_port_lies_below_the_ephemeral_range_and_is_free():
-  low, _ = cp.ephemeral_range()
-  port = cp.coordinator_port()
+  low, _ = distributed.ephemeral_range()
+  port = distributed.coordinator_port()
   assert 1024 <= port < low
-  assert cp.is_free(port)
+  assert not distributed.port_held(port)
 
 
 def test_above_the_range_where_too_few_ports_lie_below(monkeypatch):
-  monkeypatch.setattr(cp, "ephemeral_range", lambda: (1500, 50000))
-  assert 50000 < cp.coordinator_port() < 65536
+  monkeypatch.setattr(distributed, "ephemeral_range", lambda: (1500, 50000))
+  assert 50000 < distributed.coordinator_port() < 65536
 
 
 class Draws:
@@ -33,6 +33,6 @@ def test_a_held_port_is_passed_over():
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     held = holder.getsockname()[1]
-    free = cp.coordinator_port()
-    assert not cp.is_free(held)
-    assert cp.coordinator_port(Draws(held, free)) == free
+    free = distributed.coordinator_port()
+    assert distributed.port_held(held)
+    assert distributed.coordinator_port(Draws(held, free)) == free

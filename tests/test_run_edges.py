@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from benchmarks.coordinator_port import coordinator_port
+from gsi_jax.distributed import coordinator_port
 from tests.multiprocess import ROOT, launch, start
 
 pytestmark = pytest.mark.multiprocess
