@@ -146,6 +146,7 @@ benchmarks: $(STAMP)
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
 	$(PY) benchmarks/compile_flags.py
+	$(PY) benchmarks/import_cost.py
 
 # Paper scale (RESULTS.md section 13): random-weight checkpoints of the published shapes,
 # 12-13 GB each, written outside the repository; about 20 minutes per shape here.

@@ -12,6 +12,7 @@ import pytest
 
 from gsi_jax import benchmarking
 from gsi_jax.errors import GSIError
+from tests.test_experiments import assert_one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -167,3 +168,16 @@ def test_conditionals_own_time_is_their_span_less_their_ops():
             {"name": "dot.5", "ts": 2, "dur": 5, "pid": 1, "tid": 2}]  # another thread
   r = benchmarking._conditionals(events, n=1)
   assert r == {"conditionals_per_token": 2, "conditional_own_ms_per_token": 3e-3}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["--versions=0.7.0"], "--versions takes two or more distinct versions"),
+    (["--versions=0.7.0,0.7.0"], "--versions takes two or more distinct versions"),
+    (["--versions=0.7.0,latest"], "--versions takes two or more distinct versions"),
+    (["--rounds=0"], "--rounds must be a positive whole number"),
+    (["--out=/"], "--out: / is a folder")])
+def test_import_cost_benchmark_bad_flags_exit_2(bad, message):
+  """benchmarks/import_cost.py checks its flags before it downloads anything."""
+  proc = subprocess.run([sys.executable, "benchmarks/import_cost.py", *bad], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert_one_error_line(proc, message)

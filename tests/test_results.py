@@ -771,6 +771,23 @@ def test_compile_flag_figures_are_the_build_notes():
   assert f"ran {text(tests['tests_speedup'])} faster" in notes
 
 
+def test_import_cost_figures_are_the_build_notes():
+  """BUILD_NOTES quotes import_cost.json where it says why the test extra pins ml_dtypes
+  below 0.7: each version's median CPU seconds and 0.7.0's cost over 0.6.0."""
+  with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
+    notes = " ".join(f.read().split())
+  r = load("benchmarks/import_cost.json")
+  assert r["config"]["versions"] == ["0.7.0", "0.6.0"] and r["config"]["rounds"] == 9
+  cpu = r["median_cpu_s"]
+  c = r["cost_over_last"]["0.7.0"]["jax"]
+  assert (f"`import jax` took {cpu['0.7.0']['jax']:.2f} CPU s under ml_dtypes 0.7.0 and "
+          f"{cpu['0.6.0']['jax']:.2f} s under 0.6.0, {c['ratio']:.2f}× "
+          f"[{c['ratio_low']:.2f}, {c['ratio_high']:.2f}] (9 paired rounds") in notes
+  assert (f"`import ml_dtypes` alone took {cpu['0.7.0']['ml_dtypes']:.2f} and "
+          f"{cpu['0.6.0']['ml_dtypes']:.2f} s") in notes
+  assert c["ratio_low"] > 1  # the pin's reason holds in its own record
+
+
 def _range_text(values, scale=1.0, digits=0):
   """"a–b" (or "a") over values, as RESULTS §14's tables print them."""
   shown = sorted({round(v / scale, digits) if digits else round(v / scale) for v in values})
