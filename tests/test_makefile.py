@@ -50,6 +50,20 @@ def test_only_the_tests_set_jax_platforms(venv, target, platforms, gpu):
   assert proc.stdout.startswith(f"JAX_PLATFORMS={platforms} "), proc.stdout
 
 
+@pytest.mark.parametrize("target", ["demo", "test", "test-multiprocess"])
+def test_python_keeps_its_bytecode_whatever_the_environment_says(tmp_path, target):
+  """pip installs with --no-compile, so with PYTHONDONTWRITEBYTECODE set every process
+  would compile every module it imports from source: nothing make runs sees it."""
+  (tmp_path / "bin").mkdir()
+  python = tmp_path / "bin" / "python"
+  python.write_text('#!/bin/sh\necho "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}"\n')
+  python.chmod(0o755)
+  (tmp_path / ".installed").touch()
+  proc = make(target, f"VENV={tmp_path}", "GPU=", env_extra={"PYTHONDONTWRITEBYTECODE": "1"})
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout == "PYTHONDONTWRITEBYTECODE=unset\n"
+
+
 def test_a_platform_the_user_sets_reaches_the_demo(venv):
   proc = make("demo", f"VENV={venv}", "GPU=", env_extra={"JAX_PLATFORMS": "cuda"})
   assert proc.stdout.startswith("JAX_PLATFORMS=cuda -m gsi_jax.demo"), proc.stdout

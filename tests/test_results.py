@@ -773,7 +773,9 @@ def test_compile_flag_figures_are_the_build_notes():
 
 def test_import_cost_figures_are_the_build_notes():
   """BUILD_NOTES quotes import_cost.json where it says why the test extra pins ml_dtypes
-  below 0.7: each version's median CPU seconds and 0.7.0's cost over 0.6.0."""
+  below 0.7 (each version's median CPU seconds, 0.7.0's cost over 0.6.0) and why make
+  unsets PYTHONDONTWRITEBYTECODE (a script's imports from source and from bytecode), as
+  the Makefile does."""
   with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
     notes = " ".join(f.read().split())
   r = load("benchmarks/import_cost.json")
@@ -786,6 +788,16 @@ def test_import_cost_figures_are_the_build_notes():
   assert (f"`import ml_dtypes` alone took {cpu['0.7.0']['ml_dtypes']:.2f} and "
           f"{cpu['0.6.0']['ml_dtypes']:.2f} s") in notes
   assert c["ratio_low"] > 1  # the pin's reason holds in its own record
+  b = r["bytecode"]
+  s = b["source_over_bytecode"]
+  assert b["statement"] == "import gsi_jax, gsi_jax.experiment, transformers"
+  assert (f"took {b['median_cpu_s']['from_source']:.2f} CPU s that way and "
+          f"{b['median_cpu_s']['from_bytecode']:.2f} s from bytecode, {s['ratio']:.2f}× "
+          f"[{s['ratio_low']:.2f}, {s['ratio_high']:.2f}]") in notes
+  with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+    assert f"imports took {s['ratio']:.2f}x the CPU" in " ".join(
+        f.read().replace("#", " ").split())
+  assert s["ratio_low"] > 1
 
 
 def _range_text(values, scale=1.0, digits=0):
