@@ -2,7 +2,7 @@
 so the table is the import graph's contract and cannot drift from it."""
 
 import ast
-import concurrent.futures
+import gc
 import os
 import re
 
@@ -39,12 +39,22 @@ def layer_of(module: str, layers: dict[str, int]) -> int:
 
 
 def _parse(path: str) -> ast.Module:
-  """ast.parse in a thread of its own.  CPython 3.11's AST validator can carry a stale
-  recursion count in a thread that recursed deeply before (another test in the same xdist
-  worker), and then fails with "AST constructor recursion depth mismatch" (seen once in
-  a full run); a new thread starts from zero."""
-  with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    return pool.submit(ast.parse, open(path, encoding="utf-8").read()).result()
+  """ast.parse with the garbage collector paused.  CPython 3.11 counts the AST
+  constructor's recursion once per interpreter, not per call: a finalizer the collector
+  runs inside ast.parse can parse too (asyncio logging an orbax task's exception that an
+  earlier test in the same worker left unretrieved formats a traceback, and 3.11's
+  traceback parses each source line for its carets), and the outer parse then fails with
+  "AST constructor recursion depth mismatch" (twice in full runs; a fresh thread did not
+  help: the collector runs in whichever thread allocates)."""
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    return ast.parse(source)
+  finally:
+    if enabled:
+      gc.enable()
 
 
 def imported_modules(path: str, module: str, known: set[str]):
