@@ -16,8 +16,8 @@ TEST_ENV := JAX_PLATFORMS=cpu
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 # pip installs without bytecode (--no-compile, below): each module a run imports is
 # compiled once, on first import, and its bytecode kept.  Where PYTHONDONTWRITEBYTECODE is
-# set (some CI images set it) none is kept, and every process compiles every module it
-# imports from source: an experiment script's imports took 2.95x the CPU
+# set (this workstation's environment sets it) none is kept, and every process compiles
+# every module it imports from source: an experiment script's imports took 2.95x the CPU
 # (results/benchmarks/import_cost.json).  Nothing make runs sees it.
 unexport PYTHONDONTWRITEBYTECODE
 
