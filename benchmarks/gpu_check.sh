@@ -4,17 +4,27 @@
 # whole-decode steps first, on the machine's own image with nothing installed:
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
-#     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU: under 4 minutes
+#     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU
+#   The dry run's steps took 121 s on an idle 2-core AMD EPYC (its summary, committed as
+#   results/benchmarks/gpu_check_dry.json: the steps' seconds summed); a loaded machine
+#   takes longer, and each step's limit is 4x the GPU's there.
 # Each step runs on its own under a time limit, so one that fails hides none of the others;
 # each leaves a log.  Writes to ${OUT:-results/benchmarks/gpu} (dry: ${OUT:-/tmp/gpu_check_dry}),
 # first removing what an earlier run's steps left there, and ends with gpu_summary.json
 # there, made from this run's files alone, whose bandwidth shares are of the read ceiling
 # that step 1 measures.  Exit status 0 only when every step and the summary passed; else 1,
 # with one `error:` line naming the failed steps (2: the output folder cannot be written).
-# PYTHON: the interpreter (default python3).
+# PYTHON: the interpreter; else the checkout's .venv/bin/python where `make` built one, else
+# python3 (the lent image, which has jax and installs nothing).  The first line says which.
 set -uo pipefail
 DRY=${GPU_CHECK_DRY:-0}
-PY=${PYTHON:-python3}
+if [ -n "${PYTHON:-}" ]; then
+  PY=$PYTHON; PY_WHY="PYTHON"
+elif [ -x .venv/bin/python ]; then
+  PY=.venv/bin/python; PY_WHY="this checkout's .venv"
+else
+  PY=python3; PY_WHY="no .venv here"
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # Several processes may touch the GPU (pytest, each step): none takes 75% of it up front.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -34,6 +44,7 @@ if ! mkdir -p "$OUT_DIR" 2> /dev/null || [ ! -w "$OUT_DIR" ]; then
   echo "error: gpu_check cannot write to its output folder $OUT_DIR; set OUT to a writable folder" >&2
   exit 2
 fi
+echo "gpu_check: python $PY ($PY_WHY)"
 # An earlier run's files would read as this run's: remove each step's JSON and log first.
 STEP_NAMES=(kernel_check kernel_timing kernel_kept decode kernel_tests kernel_tiles scale)
 for name in "${STEP_NAMES[@]}"; do rm -f "$OUT_DIR/$name.log"; done

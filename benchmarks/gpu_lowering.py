@@ -138,11 +138,7 @@ def main(argv):
     experiment.write_json(out, record(rows))
     return
   out = experiment.check_output_path(_OUT.value)
-  try:
-    import triton
-  except ImportError:
-    raise GSIError("triton is not installed; pip install -e '.[test]' brings the pinned "
-                   "version") from None
+  triton = lowering.cpu_triton()  # before any compute
   maps = lowering.paper_maps()
   records = []
   for platform in tiling.PLATFORMS:

@@ -34,7 +34,7 @@ from gsi_jax.benchmarking import MIN_ROUNDS
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.methods.context import Context
-from gsi_jax.methods.evaluate import Evaluator, release_executables
+from gsi_jax.methods.evaluate import Evaluator, NonFinitePoint, release_executables
 from gsi_jax.methods.front import BEST_COLUMNS, best_measured, budget_rows, matched_uniform
 from gsi_jax.models import params as P
 
@@ -128,6 +128,23 @@ def uniform_of() -> dict[str, str]:
   return {name: m.uniform for name, m in methods.REGISTRY.items() if m.uniform}
 
 
+def function_name(fn) -> str:
+  module = getattr(fn, "__module__", "") or ""
+  name = getattr(fn, "__qualname__", None) or repr(fn)
+  return name if name.startswith("by_tree(") or not module else f"{module}.{name}"
+
+
+def stopped_partway(out: str, config: dict, finished: list[dict], why: str) -> GSIError:
+  """Write the records finished before a point the sweep cannot keep beside --out, marked
+  incomplete (the earlier --out stays as it was), and the error that ends the run."""
+  if not finished:
+    return GSIError(f"{why}; no record had finished, so nothing was written")
+  partial = experiment.partial_path(out)
+  experiment.write_records(partial, config, finished, COLUMNS, show=False, stopped=why)
+  return GSIError(f"{why}; the {len(finished)} records finished before it are in {partial} "
+                  '("complete": false)')
+
+
 def timed_points(points):
   """(seconds to build it, point) for each point a method yields: its calibration, its
   learning or search, and the rewrite of the tree."""
@@ -140,7 +157,7 @@ def timed_points(points):
 
 
 def pareto(c: ParetoConfig):
-  s = experiment.prepare(c.base, check_model=c.check_model)
+  s = experiment.prepare(c.base, bases=False, check_model=c.check_model)  # bases: on first use
   ev = Evaluator(s, c.speed_repeats)
   ctx = Context(ev, c.base, c.grid, c.runs)
   records = []
@@ -148,11 +165,15 @@ def pareto(c: ParetoConfig):
     method = methods.REGISTRY[name]
     mine, trees = [], []
     if method.runs_on(c.grid, s.model.config):
-      for build_s, point in timed_points(method.points(ctx)):
-        mine.append(ev.record(name, point.knob, point.params, point.gate,
-                              method.bytes_of(point), shares=point.shares, build_s=build_s,
-                              **point.extra))
-        trees.append((point.params, point.gate))
+      try:
+        for build_s, point in timed_points(method.points(ctx)):
+          mine.append(ev.record(name, point.knob, point.params, point.gate,
+                                method.bytes_of(point), shares=point.shares, build_s=build_s,
+                                bytes_fn_name=function_name(method.bytes_of), **point.extra))
+          trees.append((point.params, point.gate))
+      except NonFinitePoint as e:
+        raise stopped_partway(c.base.out, s.describe(methods=c.methods), records + mine,
+                              str(e)) from None
     if not mine:
       if name in c.named:  # asked for by name: an empty row of the table would hide it
         raise method.no_points()

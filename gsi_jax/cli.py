@@ -273,7 +273,28 @@ def define_experiment_flags(**defaults) -> None:
   flags.DEFINE_string("bases_dir", d["bases_dir"], "Orbax bases cache ('' to disable).")
   flags.DEFINE_string("prompts_file", d["prompts_file"], "One prompt per line.")
   flags.DEFINE_integer("max_new_tokens", d["max_new_tokens"], "Tokens generated per prompt.")
-  flags.DEFINE_string("out", d["out"], "JSON output path.")
+  flags.DEFINE_string("out", d["out"], "JSON output path (default: the script's file under "
+                      f"{experiment.RUNS_DIR}/; with --commit, under {experiment.COMMITTED_DIR}/).")
+  if "commit" not in FLAGS:  # notebooks/execute.py's flag of the same meaning, in one process
+    flags.DEFINE_bool("commit", False, "Rewrite the committed result this script writes under "
+                      f"{experiment.COMMITTED_DIR}/ (which RESULTS.md cites), as make results "
+                      f"does, instead of writing under {experiment.RUNS_DIR}/.")
+
+
+def output_path(committed: str) -> str:
+  """--out, else the committed path with --commit, else its twin under the run folder; ''
+  for a script that writes nothing unless told (committed='')."""
+  if FLAGS.out and FLAGS.commit:
+    raise GSIError("--out and --commit name two places; give one (--commit writes "
+                   f"{committed or 'nothing for this script'})")
+  if FLAGS.out or not committed:
+    if FLAGS.commit:
+      raise GSIError("--commit: this script has no committed output; give --out")
+    return FLAGS.out or ""
+  out = committed if FLAGS.commit else experiment.run_path(committed)
+  logging.info("writing %s%s", out, "" if FLAGS.commit else
+               f" (--commit rewrites the committed {committed})")
+  return out
 
 
 def experiment_config(default_out: str) -> experiment.ExperimentConfig:
@@ -285,4 +306,4 @@ def experiment_config(default_out: str) -> experiment.ExperimentConfig:
       calib_tokens=FLAGS.calib_tokens, eval_tokens=FLAGS.eval_tokens, seq_len=FLAGS.seq_len,
       method=FLAGS.method, bases_dir=FLAGS.bases_dir,
       prompts=experiment.read_prompts(FLAGS.prompts_file), prompts_file=FLAGS.prompts_file,
-      max_new_tokens=FLAGS.max_new_tokens, out=FLAGS.out or default_out)
+      max_new_tokens=FLAGS.max_new_tokens, out=output_path(default_out))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from gsi_jax import distributed, provenance, sharding, text
+from gsi_jax import distributed, progress, provenance, sharding, text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS
@@ -32,6 +32,33 @@ DEFAULT_PROMPTS = (
     "Exceptions are raised when",
     "The capital of France is",
 )
+
+
+# An experiment run bare writes here (ignored by git); --commit writes the committed
+# results/ that RESULTS.md cites instead, as `make results` does.
+RUNS_DIR = "runs"
+COMMITTED_DIR = "results"
+
+
+def run_path(committed: str) -> str:
+  """A script's committed output path (results/NAME.json) moved to the run folder."""
+  parts = os.path.normpath(committed).split(os.sep)
+  if parts[0] != COMMITTED_DIR:
+    raise ValueError(f"{committed} is not under {COMMITTED_DIR}/")
+  return os.path.join(RUNS_DIR, *parts[1:])
+
+
+def portable_path(path: str) -> str:
+  """A path as a JSON meant to be committed may hold it: relative to the working folder
+  when under it, ~/... under the user's home, else as given."""
+  if not path or not os.path.isabs(path):
+    return path
+  here, home = os.getcwd(), os.path.expanduser("~")
+  if os.path.commonpath([path, here]) == here:
+    return os.path.relpath(path, here)
+  if home not in ("", "/") and os.path.commonpath([path, home]) == home:
+    return os.path.join("~", os.path.relpath(path, home))
+  return path
 
 
 # Written beside a JSON output: its table, its figure and pareto's allocation figure.
@@ -188,8 +215,12 @@ class ExperimentConfig:
     return max(self.k)
 
   def flags(self) -> dict:
-    """Every setting, for the JSON's "config"."""
-    return dataclasses.asdict(self)
+    """Every setting, for the JSON's "config" (no absolute path of this machine's)."""
+    flags = dataclasses.asdict(self)
+    for name in ("bases_dir", "out", "model", "calib_text_file", "eval_text_file",
+                 "prompts_file"):
+      flags[name] = portable_path(flags[name])
+    return flags
 
 
 def read_prompts(path: str | None) -> tuple[str, ...]:
@@ -207,6 +238,15 @@ class Setup:
   calib: text.TokenWindows
   held_out: text.TokenWindows | None
   bases: Any = None
+  mesh: Any = None
+
+  def ensure_bases(self):
+    """The bases up to max(k), restored or calibrated on first use: a run whose methods
+    need none (pareto without GSI) never calibrates."""
+    if self.bases is None:
+      self.bases = cached_bases(self.model, self.model.params, self.calib, self.config.k_max,
+                                self.config.method, self.config.bases_dir or None, self.mesh)
+    return self.bases
 
   def describe(self, **extra) -> dict:
     """The JSON's "config": every setting, the model and both texts."""
@@ -219,11 +259,13 @@ class Setup:
 def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True,
             check_model: Callable[[Any], None] | None = None) -> Setup:
   """Load the model and text; check k (and with check_model, the caller's own flags)
-  against the model; calibrate (or restore) bases up to max(k)."""
+  against the model; calibrate (or restore) bases up to max(k), now or (bases=False) when
+  `Setup.ensure_bases` first asks."""
   # Several devices (of one process or of several): one mesh over all of them, each
   # process reading the part of the weights its devices hold.
   mesh = sharding.make_mesh() if jax.device_count() > 1 else None
-  model = load_model(config.model, config.dtype, mesh=mesh)
+  with progress.step(f"loading {config.model} ({config.dtype})"):
+    model = load_model(config.model, config.dtype, mesh=mesh)
   widest = P.widest_site(model.params)
   if config.k_max > widest:
     raise GSIError(f"--k={config.k_max} exceeds the widest site of {model.config.name} "
@@ -241,10 +283,9 @@ def prepare(config: ExperimentConfig, bases: bool = True, need_eval: bool = True
       raise GSIError(f"--{flag}={asked}, but {got.source} holds only {got.n_tokens} tokens in "
                      f"windows of {config.seq_len}; pass --{flag}={got.n_tokens} or a "
                      "longer text")
-  s = Setup(config, model, calib, held_out)
+  s = Setup(config, model, calib, held_out, mesh=mesh)
   if bases:
-    s.bases = cached_bases(model, model.params, calib, config.k_max, config.method,
-                           config.bases_dir or None, mesh)
+    s.ensure_bases()
   return s
 
 
@@ -256,14 +297,21 @@ def markdown_table(records: list[dict], columns: Sequence[str]) -> str:
   return "\n".join(lines)
 
 
+def partial_path(out: str) -> str:
+  """Where a run that stopped partway writes what it finished: beside --out, never over it."""
+  return os.path.splitext(out)[0] + ".partial.json"
+
+
 def write_records(out: str, config: dict, records: list[dict], columns: Sequence[str],
-                  show: bool = True) -> str:
+                  show: bool = True, stopped: str | None = None) -> str:
   """Write {"config", "records"} JSON and the Markdown table beside it; print the table, or
-  with show=False (per-layer rows: the caller prints a summary) say where it is."""
+  with show=False (per-layer rows: the caller prints a summary) say where it is.  stopped:
+  why the run ended before its last record; the JSON then says "complete": false."""
   table = markdown_table(records, columns)
   md = os.path.splitext(out)[0] + ".md"
   print(table if show else f"{len(records)} rows: {md}")
-  write_json(out, {"config": config, "records": records})
+  partial = {} if stopped is None else {"complete": False, "stopped": stopped}
+  write_json(out, {**partial, "config": config, "records": records})
   write_text_atomic(md, table + "\n")
   return out
 

@@ -26,6 +26,7 @@ from jax import export
 from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib.mlir import ir
 
+from gsi_jax.errors import GSIError
 from gsi_jax.gsi.transform import gsi_shapes, site_rank
 from gsi_jax.loading.load import param_shapes
 from gsi_jax.models import ModelConfig
@@ -234,11 +235,31 @@ def _triton_stage(ttir: str, target, options: dict) -> str:
   return str(stages["ttir"](module, {}))
 
 
+# The triton whose parser takes `_pypi_ttir`'s spelling of jax 0.10's Triton IR.  It lives
+# apart from the venv (the Makefile's CPU_TRITON; PyPI's torch pins another triton).
+CPU_TRITON_VERSION = "3.9.0"
+
+
+def cpu_triton():
+  """PyPI's triton at CPU_TRITON_VERSION, or one error line saying where it is."""
+  where = ("`make test` installs it in .venv/cpu-triton; put that folder first on "
+           "PYTHONPATH (PYTHONPATH=.venv/cpu-triton)")
+  try:
+    import triton
+  except ImportError:
+    raise GSIError(f"compiling GPU binaries on a CPU needs triton=={CPU_TRITON_VERSION}: "
+                   f"{where}") from None
+  if triton.__version__ != CPU_TRITON_VERSION:
+    raise GSIError(f"compiling GPU binaries on a CPU needs triton=={CPU_TRITON_VERSION}, "
+                   f"found {triton.__version__} at {os.path.dirname(triton.__file__)}: {where}")
+  return triton
+
+
 def compile_call(call: TritonCall, arch: str):
   """One kernel call's Triton IR compiled for "sm_90" (H100/H200) or "gfx942" (MI300X):
   Triton's compiled kernel (`.asm` holds the PTX, cubin or AMDGCN)."""
   os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said aloud
-  import triton
+  triton = cpu_triton()
   from triton.backends.compiler import GPUTarget
   if arch == "sm_90":
     target = GPUTarget("cuda", 90, 32)
@@ -257,7 +278,7 @@ def compile_call(call: TritonCall, arch: str):
 def compile_binary(call: TritonCall, arch: str) -> Binary:
   """Compile one kernel call for "sm_90" or "gfx942", and read its binary's resources and
   its assembly's `loop_profile`."""
-  import triton
+  triton = cpu_triton()
   compiled = compile_call(call, arch)
   loops = loop_profile(compiled.asm["ptx" if arch == "sm_90" else "amdgcn"], arch)
   with tempfile.TemporaryDirectory() as tmp:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 
 EVERY_S = 10.0  # a loop says where it is at most this often
@@ -22,14 +23,29 @@ def step(what: str):
 
 class Counter:
   """A loop of `total` items that says "what: i/total (p%), N s" every EVERY_S seconds,
-  and its total time at the end if it ran longer than that; silent when quick."""
+  and its total time at the end if it ran longer than that; silent when quick.  A first
+  item still running after EVERY_S (compiling, mostly) is said once, from a timer thread,
+  so that no long first step is silent."""
 
   def __init__(self, what: str, total: int, every_s: float = EVERY_S):
     self.what, self.total, self.every_s, self.done = what, total, every_s, 0
     self.start = self.said = time.perf_counter()
+    self._first = threading.Timer(every_s, self._still_on_first)
+    self._first.daemon = True
+    self._first.start()
+
+  def _still_on_first(self) -> None:
+    if self.done == 0:
+      logging.info("%s: 0/%d, the first still running after %.0f s (compiling, the first "
+                   "time a shape is seen)", self.what, self.total, time.perf_counter() - self.start)
+
+  def close(self) -> None:
+    """Cancel the first item's timer (a loop that ends early, or raised)."""
+    self._first.cancel()
 
   def advance(self, n: int = 1) -> None:
     self.done += n
+    self._first.cancel()
     now = time.perf_counter()
     if self.done >= self.total:
       if now - self.start >= self.every_s:

@@ -36,6 +36,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 
+def methods_in_committed(json_name: str, found) -> set[str]:
+  """The registered methods a committed JSON holds; one a later commit registered is not an
+  error but a result not yet run, named in the run's warnings (README, Adding a method)."""
+  import warnings
+  from gsi_jax import methods
+  found = set(found)
+  unknown = found - set(methods.names())
+  assert not unknown, f"{json_name} holds methods no longer registered: {sorted(unknown)}"
+  missing = sorted(set(methods.names()) - found)
+  if missing:
+    warnings.warn(f"{json_name}: not yet run for {', '.join(missing)} (README, Adding a "
+                  "method, says how to regenerate it)")
+  return found
+
+
 def with_xla_flags(*flags: str) -> dict[str, str]:
   """os.environ for a script, with `flags` added to XLA_FLAGS."""
   return {**os.environ, "XLA_FLAGS": " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()}

@@ -14,7 +14,7 @@ import jax
 import pytest
 from absl import flags
 
-from gsi_jax import methods
+from gsi_jax import cli, methods
 from gsi_jax.errors import GSIError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -465,3 +465,47 @@ def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
 def test_results_cost_bad_flags_exit_2(args, message):
   assert_one_error_line(run_script(args + ["--out=/tmp/unused.json"], script="results_cost.py",
                                    folder="benchmarks"), message)
+
+
+EXPERIMENTS = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, "experiments"))
+                     if name.endswith(".py"))
+
+
+@pytest.mark.parametrize("script", EXPERIMENTS)
+def test_a_bare_run_writes_under_runs_and_only_commit_rewrites_results(script):
+  """Run bare, an experiment writes runs/NAME.json (ignored by git), never the committed
+  results/NAME.json; --commit writes that, and --out with --commit is refused."""
+  import subprocess
+  committed = experiment_module(script).OUT
+  assert committed.startswith("results/") and committed.endswith(".json")
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS([script])
+    bare = cli.output_path(committed)
+    flags.FLAGS([script, "--commit"])
+    assert cli.output_path(committed) == committed
+    flags.FLAGS([script, "--commit", "--out=/tmp/x.json"])
+    with pytest.raises(GSIError, match="--out and --commit name two places"):
+      cli.output_path(committed)
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert bare == os.path.join("runs", committed[len("results/"):])
+  for path in (bare, bare[:-5] + ".md", bare[:-5] + ".png"):
+    ignored = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+    assert ignored.returncode == 0, f"{path} is not ignored by git"
+
+
+def test_a_bare_experiment_records_no_path_of_this_machine(tiny_folder, tmp_path, monkeypatch):
+  """storage_overhead run without --out from another folder: its JSON lands under that
+  folder's runs/, and its config names the bases cache relative to home, not absolutely."""
+  (tmp_path / "work").mkdir()
+  monkeypatch.chdir(tmp_path / "work")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  bases = tmp_path / "home" / ".cache" / "b"
+  run_in_process("storage_overhead", ["--k=4", "--calib_tokens=256", "--seq_len=32",
+                                      "--eval_tokens=64", f"--model={tiny_folder('gpt2')[0]}",
+                                      f"--bases_dir={bases}"])
+  result = json.loads((tmp_path / "work" / "runs" / "storage_overhead.json").read_text())
+  assert result["config"]["bases_dir"] == os.path.join("~", ".cache", "b")
+  assert result["config"]["out"] == os.path.join("runs", "storage_overhead.json")
+  assert str(tmp_path) not in json.dumps(result["config"])

@@ -18,6 +18,9 @@ from gsi_jax.ops import tiling
 from tests.conftest import once_per_run
 
 triton = pytest.importorskip("triton")
+if triton.__version__ != lowering.CPU_TRITON_VERSION:  # make test puts the pinned one first
+  pytest.skip(f"triton {triton.__version__} is not the pinned {lowering.CPU_TRITON_VERSION}; "
+              "run with PYTHONPATH=.venv/cpu-triton", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

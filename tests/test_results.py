@@ -9,6 +9,7 @@ import pytest
 
 from gsi_jax import methods, metrics
 from gsi_jax.methods import front
+from tests.conftest import methods_in_committed
 from tests.records import MEASURED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,7 +74,7 @@ def test_pareto_summaries_are_recomputed_from_its_records():
   result = load("pareto.json")
   records, config = result["records"], result["config"]
   check_pareto_summaries(result)
-  assert {r["method"] for r in records} == set(methods.names()) and len(methods.names()) == 18
+  assert len(methods_in_committed("pareto.json", (r["method"] for r in records))) == 18
   assert len(records) == 79 and config["speed_repeats"] == 3
   assert "Xeon" in result["run"]["cpu"]
   beside = [r["dense_tokens_per_s"] for r in records]

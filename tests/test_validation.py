@@ -207,11 +207,11 @@ def test_fingerprint_covers_every_byte_of_every_tensor(tiny_folder):
     gsi_jax.apply_gsi(changed, bases, 4)
 
 
-def _run_cached(model, params, ids, tmp_path, caplog, seq_len=16):
+def _run_cached(model, params, ids, tmp_path, caplog, seq_len=16, k_max=8):
   windows = TokenWindows(ids.reshape(-1, seq_len), "test text")
   caplog.clear()
   with caplog.at_level(logging.INFO):
-    bases = cached_bases(model, params, windows, 8, bases_dir=str(tmp_path / "bases"))
+    bases = cached_bases(model, params, windows, k_max, bases_dir=str(tmp_path / "bases"))
   restored = any("bases restored" in r.getMessage() for r in caplog.records)
   return bases, restored
 
@@ -232,6 +232,24 @@ def test_the_cache_restores_only_what_this_run_would_calibrate(tiny_folder, tmp_
   assert not restored
   entries = sorted(p for p in os.listdir(tmp_path / "bases") if not p.endswith(".lock"))
   assert len(entries) == 3
+
+
+def test_the_cache_serves_every_k_it_reaches_and_says_why_it_calibrates(tiny_folder, tmp_path,
+                                                                         caplog):
+  """Cached at k_max 8: a run asking 4 restores them; one asking 12 says why it calibrates
+  again (not "no cached bases"), and its bases then serve 8 as well."""
+  model = gsi_jax.load_model(tiny_folder("llama_gqa")[0])
+  _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  _, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog, k_max=4)
+  assert restored
+  wider, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog, k_max=12)
+  said = [r.getMessage() for r in caplog.records]
+  assert not restored and wider.k_max == 12
+  assert any("reach k_max=8, and this run asks for k up to 12: calibrating again to 12" in m
+             for m in said), said
+  assert not any(m.startswith("no cached bases") for m in said)
+  _, restored = _run_cached(model, model.params, CALIB, tmp_path, caplog)
+  assert restored
 
 
 def test_a_read_only_cache_is_read_and_refused_only_when_calibration_must_write(

@@ -52,6 +52,9 @@ def _restore(path: str, identity: dict, method: str, k_max: int) -> Bases | None
                     ", ".join(other))
     return None
   if bases.k_max < k_max:
+    logging.info("cached bases at %s reach k_max=%d, and this run asks for k up to %d: "
+                 "calibrating again to %d (they then serve every k up to it)", path,
+                 bases.k_max, k_max, k_max)
     return None
   logging.info("bases restored from %s (k_max=%d)", path, bases.k_max)
   return bases
@@ -73,13 +76,15 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
       raise GSIError(f"{e}; it holds no bases for this run to read instead") from None
     return bases
   with exclusive(path):  # a second run waits, then restores what this one saved
-    bases = _restore(path, identity, method, k_max) if os.path.isdir(path) else None
+    cached = os.path.isdir(path)
+    bases = _restore(path, identity, method, k_max) if cached else None
     distributed.same_as_primary(int(bases is not None), "cached bases", path)
     if bases is None:
       progress = path + "-layers"  # resumes an interrupted calibration
-      logging.info("no cached bases for this model and text in %s: calibrating once, layer by "
-                   "layer (later runs restore them; --bases_dir or $GSI_JAX_BASES_DIR moves "
-                   "this cache)", bases_dir)
+      if not cached:
+        logging.info("no cached bases for this model, text and method in %s: calibrating "
+                     "once, layer by layer (later runs restore them; --bases_dir or "
+                     "$GSI_JAX_BASES_DIR moves this cache)", bases_dir)
       bases = _calibrate(model, params, windows, k_max, method, progress, mesh)
       save_bases(path, bases)
       if distributed.is_primary():

@@ -21,8 +21,12 @@ def sparse_bytes(params):
 
 
 def by_tree(formula):
-  """A method's bytes_of from a formula over its point's tree alone."""
-  return lambda point: formula(point.params)
+  """A method's bytes_of from a formula over its point's tree alone (named after the
+  formula, so that an error about its value names it)."""
+  def bytes_of(point):
+    return formula(point.params)
+  bytes_of.__qualname__ = f"by_tree({formula.__module__}.{formula.__qualname__})"
+  return bytes_of
 
 
 def in_unit(name: str, closed_low: bool = True, closed_high: bool = False):

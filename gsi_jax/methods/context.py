@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Hashable, Mapping
 
 import gsi_jax
-from gsi_jax import peers
+from gsi_jax import peers, progress
 from gsi_jax.gsi import calibration
 
 
@@ -20,7 +20,7 @@ class Context:
                runs: Callable[[str], bool]):
     self.evaluator, self.experiment, self.grid, self.runs = evaluator, experiment, grid, runs
     self.model, self.base, self.dense_bytes = evaluator.model, evaluator.base, evaluator.dense_bytes
-    self.bases, self.calib_ids = evaluator.s.bases, evaluator.s.calib.ids
+    self.calib_ids = evaluator.s.calib.ids
     self._shared: dict[Hashable, Any] = {}
 
   def shared(self, key: Hashable, compute: Callable[[], Any]) -> Any:
@@ -31,15 +31,25 @@ class Context:
 
   def grams(self) -> dict:
     """Every site's Gram matrix over the calibration windows, on the base tree."""
-    return self.shared("grams", lambda: calibration.gram_matrices(
-        self.model, self.base, self.calib_ids, progress=False))
+    def compute():
+      with progress.step("Gram matrices of every site on the calibration windows"):
+        return calibration.gram_matrices(self.model, self.base, self.calib_ids, progress=False)
+    return self.shared("grams", compute)
 
   def thresholds(self, target: float, params=None, key: Hashable = "base") -> dict:
     """{layer: {site: t}}: per site, the |x| quantile for a target sparsity, on `params`
     (the base tree unless given; `key` names that tree in the cache)."""
     tree = self.base if params is None else params
-    return self.shared(("thresholds", key, target), lambda: peers.sparsity_thresholds(
-        self.model, tree, self.calib_ids, target))
+
+    def compute():
+      with progress.step(f"|x| thresholds for sparsity {target} ({key} tree)"):
+        return peers.sparsity_thresholds(self.model, tree, self.calib_ids, target)
+    return self.shared(("thresholds", key, target), compute)
+
+  @property
+  def bases(self):
+    """The run's GSI bases, restored or calibrated when a method first asks for them."""
+    return self.evaluator.s.ensure_bases()
 
   def gsi(self, k: int, **kwargs):
     """The base tree rewritten by apply_gsi at rank k (cheap: not kept)."""

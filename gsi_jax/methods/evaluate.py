@@ -23,6 +23,10 @@ from gsi_jax.ops import make_gate
 UNTIMED = "untimed"  # a record's verdict with --speed_repeats=0
 
 
+class NonFinitePoint(GSIError):
+  """A point scored or counted as NaN or inf: the sweep ends at it, keeping what it finished."""
+
+
 def batch1(gate):
   """The gate a record decodes with: the same, through the batch-1 fast paths."""
   return make_gate(0.0, batch1_switch=True) if gate is None \
@@ -152,8 +156,10 @@ class Evaluator:
     """Mean next-token NLL on the first calibration windows."""
     return float(self.calib_scores(params, gate)["nll"].mean())
 
-  def record(self, method, knob, params, gate, bytes_of, shares=False, **extra):
-    """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text).
+  def record(self, method, knob, params, gate, bytes_of, shares=False, bytes_fn_name="",
+             **extra):
+    """bytes_of(scores) -> weight bytes per token (some methods' bytes depend on the text);
+    bytes_fn_name names the method's own function for an error.
     `phase_s`: the seconds each phase took (scoring, generations; compiling included),
     which is where a sweep's time goes; `time_beside_dense` adds the timed decode."""
     start = time.perf_counter()
@@ -161,13 +167,16 @@ class Evaluator:
     scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
     q = metrics.quality(self.dense, scores)
     bytes_per_token = bytes_of(scores)
-    for what, value in (("perplexity ratio", q["ppl_ratio"]),
-                        ("top-1 agreement", q["top1_agreement"]),
-                        ("bytes per token", bytes_per_token)):
+    scoring = ("gsi_jax.metrics.score on the point's tree (check its weights, thresholds or "
+               "bases for NaN or inf)")
+    for what, value, source in (
+        ("perplexity ratio", q["ppl_ratio"], scoring),
+        ("top-1 agreement", q["top1_agreement"], scoring),
+        ("bytes per token", bytes_per_token, f"the method's bytes function, {bytes_fn_name}")):
       if not math.isfinite(value):  # a NaN would sort anywhere on the fronts
-        raise GSIError(f"method {method}, point {knob}: its held-out {what} is {value}, not a "
-                       "finite number, so the run ends with no record for it; check the "
-                       "point's tree (NaN or inf weights, thresholds or bases)")
+        raise NonFinitePoint(f"method {method}, point {knob}: its held-out {what} is {value}, "
+                             f"not a finite number, so the run ends with no record for it; "
+                             f"it came from {source}")
     scored = time.perf_counter()
     # Each generation stops at its first token that is not dense's: whether the two are
     # the same is all a record keeps.

@@ -21,7 +21,7 @@ PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 TAKEN_FLAGS = frozenset({
     "model", "k", "eps", "mode", "impl", "dtype", "calib_text_file", "eval_text_file",
     "calib_tokens", "eval_tokens", "seq_len", "method", "bases_dir", "prompts_file",
-    "max_new_tokens", "out", "coordinator_address", "num_processes", "process_id",
+    "max_new_tokens", "out", "commit", "coordinator_address", "num_processes", "process_id",
     "distributed_auto", "process_timeout_s", "methods", "speed_repeats", "learned",
     "help", "helpshort", "helpfull", "helpxml", "flagfile", "undefok", "v", "verbosity",
     "logtostderr", "alsologtostderr", "log_dir", "stderrthreshold", "showprefixforinfo",

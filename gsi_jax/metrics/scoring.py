@@ -51,12 +51,16 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
   check_gate(gate)
   nll, top1, totals = [], [], None
   counter = progress.Counter(f"scoring {windows_NT.size} tokens", len(windows_NT))
-  for i in range(0, len(windows_NT), batch_size):
-    n, t, c = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]), gate)
-    nll.append(np.asarray(n))
-    top1.append(np.asarray(t))
-    totals = c if totals is None else jax.tree.map(jnp.add, totals, c)
-    counter.advance(len(n))
+  try:
+    for i in range(0, len(windows_NT), batch_size):
+      n, t, c = _score_batch(model.module, params, jnp.asarray(windows_NT[i:i + batch_size]),
+                             gate)
+      nll.append(np.asarray(n))
+      top1.append(np.asarray(t))
+      totals = c if totals is None else jax.tree.map(jnp.add, totals, c)
+      counter.advance(len(n))
+  finally:
+    counter.close()
   nll, top1 = np.concatenate(nll), np.concatenate(top1)
   mean = jax.tree.map(lambda c: float(c) / nll.size, totals)
   rows = jax.tree.map(lambda v, m: (v, m), mean["rank"], mean["fast_rank"])
