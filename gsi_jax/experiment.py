@@ -99,6 +99,21 @@ def check_output_path(path: str, flag: str = "--out") -> str:
   return path
 
 
+# Fields that name a path of the machine that wrote the JSON: written by `portable_path`.
+PATH_FIELDS = frozenset({"out", "bases_dir", "model", "calib_text_file", "eval_text_file",
+                         "prompts_file", "checkpoint", "export_dir", "logs", "dir"})
+
+
+def portable_paths(value):
+  """`value` with every PATH_FIELDS string made portable, at any depth."""
+  if isinstance(value, dict):
+    return {k: portable_path(v) if k in PATH_FIELDS and isinstance(v, str) else
+            portable_paths(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [portable_paths(v) for v in value]
+  return value
+
+
 def strict_json(value):
   """inf and nan are not JSON: write them as strings; tuples as lists."""
   if isinstance(value, float) and not math.isfinite(value):
@@ -128,12 +143,14 @@ def write_text_atomic(path: str, content: str) -> None:
 
 
 def write_json(path: str, value, *, quiet: bool = False) -> str:
-  """Strict JSON (no bare Infinity/NaN), written atomically.  A result (a dict) gains a
-  `run` field: the machine, the versions and the wall time from the process's start.
+  """Strict JSON (no bare Infinity/NaN), written atomically, with no absolute path of this
+  machine's in a PATH_FIELDS field.  A result (a dict) gains a `run` field: the machine,
+  the versions and the wall time from the process's start.
   quiet: no log line (a partial result saved again and again as rows come in)."""
   if isinstance(value, dict):
     value = {**value, "run": provenance.run_record()}
-  write_text_atomic(path, json.dumps(strict_json(value), indent=2, allow_nan=False) + "\n")
+  write_text_atomic(path, json.dumps(strict_json(portable_paths(value)), indent=2,
+                                     allow_nan=False) + "\n")
   if distributed.is_primary() and not quiet:
     logging.info("wrote %s", path)
   return path
@@ -215,12 +232,8 @@ class ExperimentConfig:
     return max(self.k)
 
   def flags(self) -> dict:
-    """Every setting, for the JSON's "config" (no absolute path of this machine's)."""
-    flags = dataclasses.asdict(self)
-    for name in ("bases_dir", "out", "model", "calib_text_file", "eval_text_file",
-                 "prompts_file"):
-      flags[name] = portable_path(flags[name])
-    return flags
+    """Every setting, for the JSON's "config"."""
+    return dataclasses.asdict(self)
 
 
 def read_prompts(path: str | None) -> tuple[str, ...]:
