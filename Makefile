@@ -37,7 +37,7 @@ export HF_HUB_DISABLE_PROGRESS_BARS ?= 1
 # (results/benchmarks/import_cost.json).  Nothing make runs sees it.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test test-multiprocess test-jax011 results notebook notebook-commit benchmarks scale clean check-resolution
+.PHONY: demo test test-multiprocess test-jax011 results notebook notebook-commit benchmarks scale clean check-resolution gpu-launches
 
 # $(call install,EXTRAS): the venv with the package, those extras (comma list, may be
 # empty) and the default model.  --no-compile: pip would byte-compile every module it
@@ -84,13 +84,15 @@ check-resolution:
 # the main environment saves first.
 VENV11  := .venv-jax011
 STAMP11 := $(VENV11)/.installed
+XLA_GPU := $(VENV11)/xla-gpu
+XLA_GPU_PKGS := jax-cuda13-pjrt==0.11.2 jax-cuda13-plugin==0.11.2 nvidia-cuda-nvcc==13.5.37 nvidia-nvvm==13.5.37
 TINY    := .cache/tiny-models
 JAX011_TESTS := tests/test_kernels.py tests/test_kept_kernel.py tests/test_gpu_lowering.py tests/test_gpu_programs.py \
   tests/test_pallas_model.py tests/test_fast_paths.py tests/test_gsi.py tests/test_allocation.py \
   tests/test_peers.py tests/test_rsparse_search.py tests/test_methods.py tests/test_import_graph.py \
   tests/test_results.py tests/test_supervisor.py tests/test_benchmarking.py tests/test_gpu_check.py \
   tests/test_calibration_phases.py tests/test_lent_image.py \
-  tests/test_load_errors.py::test_without_gguf_only_the_gguf_loader_fails
+  tests/test_gpu_launches.py tests/test_load_errors.py::test_without_gguf_only_the_gguf_loader_fails
 
 # jaxlib 0.11.2 has no wheel for Python 3.11; pyenv's 3.12 here, or PY312=/path/to/python3.12.
 PY312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) python3.12)
@@ -105,11 +107,19 @@ $(STAMP11): setup.cfg pyproject.toml
 	  'flax>=0.12,<0.13' 'orbax-checkpoint>=0.12,<0.13' optax einops absl-py safetensors \
 	  tokenizers huggingface-hub matplotlib pytest pytest-xdist
 	$(VENV11)/bin/python -m pip install -q --no-deps -e .
+	$(VENV11)/bin/python -m pip install -q --no-deps --no-compile --upgrade --target $(XLA_GPU) $(XLA_GPU_PKGS)
 	touch $(STAMP11)
+
+# XLA's own GPU compiler on this CPU (gsi_jax/gpu/launches.py): jax 0.11.2's CUDA plugin and
+# PyPI's CUDA 13 ptxas and libdevice, in a folder of their own beside .venv-jax011 (on
+# PYTHONPATH only where a program is compiled for the compile-only H200).  About 9 minutes.
+gpu-launches: $(STAMP11)
+	$(CPU_ENV) PYTHONPATH=$(abspath $(XLA_GPU)):$(CURDIR) $(VENV11)/bin/python benchmarks/gpu_launches.py
 
 test-jax011: $(STAMP) $(STAMP11)
 	rm -rf $(TINY) && $(CPU_ENV) $(PY) -m tests.hf_models $(TINY)
-	$(CPU_ENV) GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) $(VENV11)/bin/python -m pytest -q -n 2 \
+	$(CPU_ENV) GSI_JAX_TINY_MODELS=$(CURDIR)/$(TINY) GSI_JAX_XLA_GPU=$(abspath $(XLA_GPU)) \
+	  $(VENV11)/bin/python -m pytest -q -n 2 \
 	  -p no:cacheprovider -W ignore::DeprecationWarning -m "not multiprocess" \
 	  -k "not eigh_on_default_model and not default_model_layers" $(JAX011_TESTS)
 

@@ -74,6 +74,39 @@ def test_eps_zero_reads_no_basis(tiny, batch1_switch):
   assert dots[0] == [(16, 4), (16, 6)] and (16, 3) in dots[1]
 
 
+def test_a_decode_decides_eps_once_per_model(tiny):
+  """ε <= 0 everywhere: the decode is dense's program (mode "dense", no V_k, the same
+  tokens as dense); ε > 0 everywhere: no site keeps its ε <= 0 branch; a learned tree's
+  per-site thresholds, a traced ε, or asked-for statistics keep the sites' own."""
+  from gsi_jax.models.model import decode_gate
+  model, bases, _ = tiny("llama_gqa")
+  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  zero, positive = make_gate(0.0, impl="xla"), make_gate(0.3, impl="xla")
+  assert decode_gate(params, zero).mode == "dense"
+  assert decode_gate(params, zero, keep_stats=True) is zero
+  assert decode_gate(params, positive).eps_positive
+  assert decode_gate(params, make_gate(0.3, head_eps=0.0)).mode == "gated"  # mixed: its own
+  assert decode_gate(params, make_gate(0.0, "static")).mode == "static"
+  per_site = P.with_site_values(params, P.EPS, {layer: dict.fromkeys(sites, 0.0) for layer,
+                                                sites in P.site_kernels(params).items()})
+  assert decode_gate(per_site, zero) is zero
+  def traced(e):
+    gate = make_gate(0.3).replace(eps=e)
+    assert decode_gate(params, gate) is gate  # nothing concrete to decide on
+    return e
+  jax.jit(traced)(jnp.float32(0))
+  ids = EVAL[:1, :6]
+  np.testing.assert_array_equal(np.asarray(model.generate(params, ids, 5, zero)),
+                                np.asarray(model.generate(model.params, ids, 5)))
+  x = jnp.ones((1, 1, 16))
+  W, V = [jnp.ones((16, 4))], jnp.eye(16)[:, :3]
+  weights = GatedWeights(W, V, [V.T @ w for w in W])
+  for gate, conds in ((make_gate(0.3, impl="pallas"), 1),
+                      (make_gate(0.3, impl="pallas").replace(eps_positive=True), 0)):
+    jaxpr = jax.make_jaxpr(lambda e: gated_linear(x, weights, e, gate))(jnp.float32(0.3))
+    assert sum(e.primitive.name == "cond" for e in jaxpr.jaxpr.eqns) == conds
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_full_rank_is_dense(tiny, name):
   model, bases, widest = tiny(name)

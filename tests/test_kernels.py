@@ -113,6 +113,25 @@ def test_thresholds_per_token_steer_the_gate(platform):
 
 
 @pytest.mark.parametrize("platform", tiling.PLATFORMS)
+def test_a_decision_taken_in_xla_is_the_kernels_as_it_is(platform):
+  """eps as a bool decision (a mode that decided: static, coin, ladder, sketch) steers each
+  token as a threshold of ∞ or 0 would, in the kernel and its reference alike; one bool
+  for every token (static's) too."""
+  x, V, M, W = problem(7, 200, 24, 96, jnp.float32, seed=6)
+  g = x @ V
+  fast = np.array([1, 0, 0, 1, 1, 0, 1], bool)
+  thresholds = jnp.where(jnp.asarray(fast), jnp.inf, 0.0)
+  got = gated_matmul_on(platform, x, g, jnp.asarray(fast), [M], [W], interpret=True)
+  np.testing.assert_array_equal(np.asarray(got[1]), fast)
+  assert_same_call(got, gated_matmul_reference(x, g, thresholds, [M], [W]), jnp.float32)
+  assert_same_call(gated_matmul_reference(x, g, jnp.asarray(fast), [M], [W]),
+                   gated_matmul_reference(x, g, thresholds, [M], [W]), jnp.float32)
+  every = gated_matmul_on(platform, x, g, jnp.bool_(True), [M], [W], interpret=True)
+  np.testing.assert_array_equal(np.asarray(every[1]), np.ones(7, bool))
+  assert_same_call(every, gated_matmul_reference(x, g, jnp.inf, [M], [W]), jnp.float32)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
 def test_site_of_ragged_maps_in_one_call(platform):
   """Maps of unequal widths (Llama's q, k, v under grouped-query attention; none a multiple
   of a block) share one call: each program reads and writes its own map's blocks only."""

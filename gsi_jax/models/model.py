@@ -42,9 +42,12 @@ def _forward(module, params, ids_BT, gate, collections=()):
 PROMPT_BUCKET = 16
 
 
-@functools.partial(jax.jit, static_argnames=("module", "max_new_tokens"))
-def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids, expected_BN):
-  """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts.
+@functools.partial(jax.jit, static_argnames=("module", "max_new_tokens", "stats"))
+def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids, expected_BN,
+              stats=False):
+  """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts
+  ({} unless `stats`: the gate statistics are sown, counted and summed at every site only
+  when a caller asks, so a timed decode computes none of them).
 
   ids_BL holds the prompt in its first prompt_len columns; the rest is padding, which
   no real position attends to (attention is causal by position) and which the decode
@@ -58,9 +61,12 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   cache = init_cache(module.config, B, L + max_new_tokens, dtype)
 
   def step(ids, start, cache, last):
-    (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
-                                          mutable=["gate_stats"])
-    counts = _gate_counts(state.get("gate_stats", {}))
+    if stats:
+      (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
+                                            mutable=["gate_stats"])
+      counts = _gate_counts(state.get("gate_stats", {}))
+    else:  # a collection that is not mutable is never sown
+      (logits, cache), counts = module.apply({"params": params}, ids, start, cache, gate), {}
     logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
     return jnp.argmax(logits_BV, -1).astype(ids_BL.dtype), cache, counts
 
@@ -87,6 +93,33 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   _, _, steps, _, out, decode_counts = jax.lax.while_loop(
       cond, body, (tok, cache, jnp.int32(1), finished(tok, 0), out, zero_counts))
   return out, steps, decode_counts
+
+
+def _holds_key(params, key: str) -> bool:
+  paths = jax.tree_util.tree_flatten_with_path(params)[0]
+  return any(getattr(k, "key", None) == key for path, _ in paths for k in path)
+
+
+def decode_gate(params, gate: Gate | None, keep_stats: bool = False) -> Gate | None:
+  """The gate a decode compiles with, decided once per model from concrete thresholds,
+  not at each site: a plain gate whose every threshold is <= 0 takes no fast path, so the
+  decode is dense's program (mode "dense": W alone, no branch, no V_k), unless keep_stats
+  (the gate statistics a dense program does not sow); one whose thresholds are all > 0
+  skips every site's ε <= 0 branch (`Gate.eps_positive`).  Traced thresholds, a tree's
+  per-site thresholds (a learned allocation) or a sparse residual keep the sites' own."""
+  if gate is None or gate.mode != "gated":
+    return gate
+  try:
+    eps = [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    return gate
+  if _holds_key(params, P.EPS) or _holds_key(params, P.RESIDUAL_THRESHOLD):
+    return gate
+  if all(e <= 0 for e in eps) and not keep_stats:
+    return gate.replace(mode="dense")
+  if all(e > 0 for e in eps):
+    return gate.replace(eps_positive=True)
+  return gate
 
 
 def device_memory_bytes() -> int:
@@ -231,7 +264,8 @@ class Model:
       n = min(N, reference.shape[1])
       expected[:, :n] = reference[:, :n]
     new, steps, counts = _generate(self.module, params, jnp.pad(ids, ((0, 0), (0, L - T))),
-                                   jnp.int32(T), gate, N, eos, jnp.asarray(expected))
+                                   jnp.int32(T), decode_gate(params, gate, return_stats), N,
+                                   eos, jnp.asarray(expected), stats=return_stats)
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
       return out

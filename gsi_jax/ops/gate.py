@@ -42,12 +42,16 @@ class Gate:
   batch1_switch: on "xla", branch on the call's gate pattern (all fast, mixed,
   all slow), which skips W's bytes when every token is fast: at batch-1
   decoding, one token per call, that is every fast step.
+  eps_positive: every threshold the sites read is known to be > 0 (set by
+  `gsi_jax.models.model.decode_gate` from concrete values), so no site branches on
+  ε ≤ 0: a decode then has no per-site conditional.
   """
   eps: jax.Array
   head_eps: jax.Array | None = None
   mode: str = flax.struct.field(pytree_node=False, default="gated")
   impl: str = flax.struct.field(pytree_node=False, default="auto")
   batch1_switch: bool = flax.struct.field(pytree_node=False, default=False)
+  eps_positive: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 def check_threshold(name: str, value) -> float:

@@ -10,7 +10,9 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
   "xla": a masked select (both branches computed), or with gate.batch1_switch
          a three-way lax.switch on the call's gate pattern, which at one token
          per call reads V_k and M, or V_k and W; at ε ≤ 0, where the gate cannot
-         fire, a lax.cond on ε reads W alone (so ε = 0 costs what dense does);
+         fire, a lax.cond on ε reads W alone (so ε = 0 costs what dense does), a
+         branch a decode skips where it knows every ε > 0 (`Gate.eps_positive`),
+         and does not reach at ε ≤ 0 (dense's program, `models.model.decode_gate`);
   "pallas": `gsi_jax.ops.kernel.gated_matmul`, one call for every map of the
          site, which takes the gate's decision per token (made by XLA from x and
          g) and reads M's or W's tiles only for the tokens that need them
@@ -20,7 +22,7 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
          (`lax.platform_dependent`: the choice follows the lowering platform,
          not the machine that traces).  The rank ladder and the output-aware
          gate decide each token in XLA first; the kernel then takes that decision
-         as its per-token threshold (∞: fast, 0: slow).
+         as it is (`kernel.decide`), with no norm computed again.
 """
 
 from __future__ import annotations
@@ -115,16 +117,17 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       g = x_BTD @ weights.V
       fast = gate_mask(x_BTD, g, eps)
       return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
-    return lax.cond(jnp.all(eps > 0), gated, never_fast)
+    return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
     if fast_BT is None:
       def gated():  # g inside the branch, as on the xla path
         ys, fast = _pallas(x_BTD, x_BTD @ weights.V, eps, weights)
         return ys, fast, rank_BT
-      return lax.cond(jnp.all(eps > 0), gated, never_fast)
-    # decided above (static, coin, ladder, sketch): a threshold of ∞ makes a token fast, 0 slow
-    ys, _ = _pallas(x_BTD, g_BTK, jnp.where(fast_BT, jnp.inf, 0.0).reshape(-1), weights)
+      return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
+    # decided above (static, coin, ladder, sketch): the decision goes to the kernel as it
+    # is, so no norm or select is computed again (static's is a constant)
+    ys, _ = _pallas(x_BTD, g_BTK, fast_BT.reshape(-1), weights)
     return ys, fast_BT, rank_BT
 
   if gate.impl == "pallas":

@@ -54,16 +54,26 @@ def relative_error(y, y_ref) -> float:
   return float(jnp.abs(y - y_ref).max() / jnp.maximum(jnp.abs(y_ref).max(), 1e-30))
 
 
+def decide(x_TD, g_TK, eps) -> jax.Array:
+  """Each token's path: eps itself where it is the decision (bool, (T,) or one for all:
+  a mode that decided in XLA, which then costs no norm and no select), else ρ < ε."""
+  eps = jnp.asarray(eps)
+  if eps.dtype == jnp.bool_:
+    return jnp.broadcast_to(eps, x_TD.shape[:1])
+  return gate_mask(x_TD, g_TK, eps.astype(jnp.float32))
+
+
 def gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False):
   """Pure JAX, same signature: the gate (`gate_mask`), both products of every map, then
   a per-token select (g in M's dtype as the kernel takes it, then float32 math at IEEE
   precision).  Returns ([y_i (T, O_i)], fast_T).
 
-  eps: a threshold, or one per token (T,).  W is (d, O), or (O, d) when w_transposed
-  (a tied LM head reads its table); M may hold zero columns past W's outputs.
+  eps: a threshold, one per token (T,), or the decision (bool: fast where True, `decide`).
+  W is (d, O), or (O, d) when w_transposed (a tied LM head reads its table); M may hold
+  zero columns past W's outputs.
   """
   f32 = lambda a: a.astype(jnp.float32)
-  fast_T = gate_mask(x_TD, g_TK, eps)
+  fast_T = decide(x_TD, g_TK, eps)
   dims = (((1,), (1,)), ((), ())) if w_transposed else (((1,), (0,)), ((), ()))
   ys = []
   for M, W in zip(Ms, Ws):
@@ -165,7 +175,7 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
 
   Returns ([y_i (T, O_i)] in x's dtype, fast_T), O_i being W_i's outputs; an M may hold
   zero columns past them (a GSI LM head's, padded to a multiple of 64 so that its rows
-  start aligned).  eps: a threshold, or one per token (T,).
+  start aligned).  eps: a threshold, one per token (T,), or the decision (bool, `decide`).
   """
   T, D = x_TD.shape
   K = Ms[0].shape[0]
@@ -178,7 +188,7 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
   plan = plan or tiling.plan_for(platform, T)
   lay = tiling.layout(plan, T, D, K, outs, m_cols, jnp.dtype(Ws[0].dtype).itemsize)
   Tp, Dp, Kp = lay.padded_tokens, lay.padded_d, lay.padded_k
-  fast_T = gate_mask(x_TD, g_TK, jnp.asarray(eps, jnp.float32))
+  fast_T = decide(x_TD, g_TK, eps)
   x = pad(x_TD, (Tp, Dp))
   g = pad(g_TK, (Tp, Kp))
   Ms = [pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]

@@ -1,0 +1,106 @@
+"""Kernels a decoded token launches on an H200, from XLA's own GPU compiler on this CPU
+(gsi_jax/gpu/launches.py, benchmarks/gpu_launches.py): the thunk parser on a written
+sequence anywhere; the compile itself where `make test-jax011` installed jax 0.11.2's CUDA
+plugin (GSI_JAX_XLA_GPU), against the committed counts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gsi_jax.gpu import launches
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMITTED = os.path.join(ROOT, "results", "benchmarks", "gpu_launches.json")
+XLA_GPU = os.environ.get("GSI_JAX_XLA_GPU")
+
+SEQUENCE = """\
+000: kCommandBuffer [source       | next=003 (1)]
+    001: kCustomKernel [source       | next=002 (1) ] loop_add_fusion grid: [1, 1, 1]
+    002: kCopy         [source       | sink         ] kCopy
+003: kWhile         [prev=000 (1) | sink        ]
+condition:
+    004: kCustomKernel [source | sink] loop_and_fusion grid: [1, 1, 1]
+  body:
+    000: kCommandBuffer [source | sink]
+        005: kCustomKernel [source       | sink         ] wrapped_add_5 grid: [1, 1, 1]
+        006: kCustomKernel [source       | next=007 (1) ] gemm_fusion_dot_37 grid: [1024, 1, 1]
+        007: kConditional  [prev=006 (1) | next=011 (1) ]
+          false_branch:
+            008: kCustomKernel [source       | sink        ] input_reduce_fusion_12 grid: [16, 1, 1]
+            009: kCustomKernel [prev=008 (1) | sink        ] gsi_gated_matmul__3 grid: [1, 224, 2]
+          true_branch:
+            010: kCustomKernel [source       | sink        ] gemm_fusion_dot_43 grid: [8192, 1, 1]
+        011: kCustomKernel [prev=007 (1) | sink         ] input_reduce_fusion_14 grid: [64, 1, 1]
+"""
+
+
+def test_a_tokens_launches_are_the_while_bodys_thunks():
+  """Always-run kernels outside conditionals, each branch's apart, the larger branch for
+  the worst case; the prefill before the loop and its condition are not a token's."""
+  got = launches.while_body_launches(SEQUENCE)
+  assert (got.always, got.conditionals, got.command_buffers) == (3, 1, 1)
+  assert got.branches == [{"false_branch": 2, "true_branch": 1}]
+  assert got.largest == 5
+  assert got.by_kind == {"gemm": 2, "pallas": 1, "reduction": 2, "wrapped elementwise": 1}
+
+
+def test_a_program_without_a_loop_is_refused():
+  with pytest.raises(launches.GSIError, match="no while loop"):
+    launches.while_body_launches(SEQUENCE.split("003: kWhile")[0])
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("gsi_gated_matmul__3", "pallas"), ("kept_rows_matmul", "pallas"),
+    ("gemm_fusion_dot_37", "gemm"), ("input_reduce_fusion_40", "reduction"),
+    ("triton_softmax_6", "reduction"), ("loop_select_fusion_6", "elementwise"),
+    ("wrapped_add_5", "wrapped elementwise"), ("kCopy", "copy")])
+def test_kernel_kinds(name, kind):
+  assert launches.kernel_kind(name) == kind
+
+
+def committed() -> dict:
+  with open(COMMITTED, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_the_committed_counts_cover_every_program_and_batch():
+  result = committed()
+  assert "complete" not in result and result["layers"] == 28
+  assert result["plugin"] == list(launches.PLUGIN)
+  rows = {(r["program"], r["batch"]) for r in result["records"]}
+  assert rows == {(p, b) for p in launches.PROGRAMS for b in (1, 4, 16)}
+  assert {r["program"] for r in result["check"]["records"]} == set(launches.PROGRAMS)
+  for r in result["records"]:
+    dense = next(d for d in result["records"] if d["program"] == "dense"
+                 and d["batch"] == r["batch"])
+    assert r["kernels_with_larger_branches_over_dense"] == pytest.approx(
+        r["kernels_with_larger_branches"] / dense["kernels"])
+    assert r["kernels_with_larger_branches"] >= r["kernels"]
+
+
+def test_the_makefile_installs_the_plugin_the_module_names():
+  text = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
+  assert f"XLA_GPU_PKGS := {' '.join(launches.PLUGIN)}\n" in text
+
+
+@pytest.mark.skipif(not XLA_GPU, reason="jax 0.11.2's CUDA plugin: make test-jax011 installs it")
+def test_the_small_programs_launch_what_the_committed_run_counted(tmp_path):
+  """Each program at the committed check's depth, compiled again: any change to the code
+  that moves a count (up or down) fails here until the JSON is written anew."""
+  check = committed()["check"]
+  out = tmp_path / "launches.json"
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_launches.py"),
+       f"--layers={check['layers']}", "--check_layers=0", f"--batch={check['batch']}",
+       f"--out={out}"], capture_output=True, text=True, cwd=ROOT, timeout=900,
+      env={**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([XLA_GPU, ROOT])})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  fresh = {r["program"]: r for r in json.loads(out.read_text())["records"]}
+  for want in check["records"]:
+    got = fresh[want["program"]]
+    for key in ("kernels", "kernels_with_larger_branches", "conditionals", "by_kind"):
+      assert got[key] == want[key], (want["program"], key)
