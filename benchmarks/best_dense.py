@@ -11,12 +11,10 @@ one is faster than XLA's; else the ratio itself).  A ratio of two medians, each 
 its own dense rounds: no interval.
 """
 
-import json
-import os
 
 from absl import flags
 
-from gsi_jax import cli, experiment
+from gsi_jax import cli, experiment, text
 from gsi_jax.errors import GSIError
 from gsi_jax.methods.front import over_best_dense
 
@@ -27,14 +25,13 @@ _OUT = flags.DEFINE_string("out", "results/pareto_best_dense.json", "JSON output
 
 def main(argv):
   del argv
-  if not os.path.isfile(_PARETO.value):
-    raise GSIError(f"--pareto {_PARETO.value} is not a file; give a pareto.py JSON")
   out = experiment.check_output_path(_OUT.value)
-  try:
-    with open(_PARETO.value, encoding="utf-8") as f:
-      records = json.load(f)["records"]
-  except (json.JSONDecodeError, KeyError, TypeError) as e:
-    raise GSIError(f"--pareto {_PARETO.value} is not a pareto.py JSON ({e}); give one") from None
+  result = text.read_json(_PARETO.value, "--pareto")
+  records = result.get("records") if isinstance(result, dict) else None
+  if not isinstance(records, list) or not all(
+      isinstance(r, dict) and {"method", "knob"} <= set(r) for r in records):
+    raise GSIError(f"--pareto {_PARETO.value} is not a pareto.py JSON (its \"records\" must be "
+                   "a list of records, each with a method and a knob); give one")
   try:
     best, rows = over_best_dense(records)
   except GSIError as e:

@@ -119,12 +119,10 @@ def parse_points(values):
 def check_flags() -> list[tuple[int, float]]:
   """Every flag that needs no model, before anything loads; returns the GSI points."""
   points = parse_points(_GSI.value)
-  if not _PROMPT.value.strip():
-    raise GSIError("--prompt is empty; give the text to continue")
+  text.text_flag("--prompt", _PROMPT.value)
   experiment.positive("--max_new_tokens", _NEW.value)
   experiment.positive("--repeats", _REPEATS.value)
-  if not _CEILING_GIB.value >= 0:
-    raise GSIError(f"--ceiling_gib must be >= 0 (0: sized from the cache), got {_CEILING_GIB.value}")
+  experiment.finite("--ceiling_gib (0: sized from the cache)", _CEILING_GIB.value, 0, 1024)
   ceiling_bytes()
   if _TORCH.value and importlib.util.find_spec("torch") is None:
     raise GSIError("--torch needs PyTorch (pip install torch), or pass --torch=false")

@@ -82,6 +82,11 @@ class DecodeBenchConfig:
       raise GSIError(f"--layers must be >= 0 (0: the full depth), got {self.layers}")
     if not self.batches or any(b < 1 for b in self.batches):
       raise GSIError(f"--batch takes positive whole numbers, got {list(self.batches)}")
+    config = synthetic.hf_config(self.shape)
+    positions = getattr(config, "n_positions", None) or config.max_position_embeddings
+    if self.prompt_len + self.new_tokens > positions:
+      raise GSIError(f"--prompt_len ({self.prompt_len}) plus --new_tokens ({self.new_tokens}) "
+                     f"exceeds {self.shape}'s {positions} positions; lower them")
 
 
 def config_from_flags() -> DecodeBenchConfig:

@@ -101,8 +101,8 @@ class KernelBenchConfig:
       raise GSIError(f"--tokens takes positive whole numbers, got {list(self.tokens)}")
     if any(not 0 <= f <= 1 for f in self.fast_shares):
       raise GSIError(f"--fast_share takes numbers in [0, 1], got {list(self.fast_shares)}")
-    if not (self.ceiling_gib > 0 and self.cache_mb > 0):
-      raise GSIError("--ceiling_gib and --cache_mb must be > 0")
+    experiment.finite("--ceiling_gib", self.ceiling_gib, 0, 1024, low_open=True)
+    experiment.finite("--cache_mb", self.cache_mb, 0, 2**20, low_open=True)
     if any(self.k > d for d, _ in self.maps):
       raise GSIError(f"--k ({self.k}) must not exceed a map's d ({list(self.maps)})")
     for bo, bd, warps in self.tiles:
@@ -114,10 +114,10 @@ class KernelBenchConfig:
 def _pairs(flag: str, values, size: int) -> tuple[tuple[int, ...], ...]:
   out = []
   for v in values:
-    parts = v.lower().split("x")
-    if len(parts) != size or not all(p.isdigit() and int(p) > 0 for p in parts):
+    numbers = experiment.whole_numbers(f"--{flag}", v)
+    if len(numbers) != size:
       raise GSIError(f"--{flag}: {v!r} is not {size} positive whole numbers joined by x")
-    out.append(tuple(int(p) for p in parts))
+    out.append(numbers)
   return tuple(out)
 
 

@@ -52,7 +52,7 @@ from gsi_jax.gsi.calibration import METHODS, gram_matrices
 from gsi_jax.gsi.checkpoint import check_writable
 from gsi_jax.loading import synthetic
 from gsi_jax.loading.hf_config import config_from_hf
-from gsi_jax.loading.load import first_blocks
+from gsi_jax.loading.load import first_blocks, param_shapes
 from gsi_jax.metrics.analysis import residual_ratios
 from gsi_jax.models import params as P
 
@@ -143,12 +143,18 @@ class ScaleConfig:
 
 
 def check_depth(cfg: ScaleConfig) -> int:
-  """The checkpoint's depth (or the shape's, before it is written); checks the layer flags."""
+  """The checkpoint's depth (or the shape's, before it is written); checks the layer flags
+  and the ranks against the widest site, before any compute."""
   if not cfg.in_memory and synthetic.is_complete(cfg.checkpoint):
     with open(os.path.join(cfg.checkpoint, "config.json"), encoding="utf-8") as f:
-      depth = config_from_hf(json.load(f)).n_layers
+      model_config = config_from_hf(json.load(f))
   else:
-    depth = config_from_hf(synthetic.hf_config(cfg.shape).to_dict()).n_layers
+    model_config = config_from_hf(synthetic.hf_config(cfg.shape).to_dict())
+  depth = model_config.n_layers
+  widest = P.widest_site(param_shapes(model_config, jnp.float32))
+  for flag, k in (("--k", cfg.k), ("--decode_k", cfg.decode_k if cfg.decode_layers else 0)):
+    if k > widest:
+      raise GSIError(f"{flag}={k} exceeds the widest site of {cfg.shape} ({widest}); lower it")
   layers = cfg.layers or depth
   for flag, value, most in (("--layers", layers, depth), ("--eigh_layers", cfg.eigh_layers, layers),
                             ("--decode_layers", cfg.decode_layers, depth)):

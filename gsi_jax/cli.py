@@ -147,8 +147,11 @@ def run(main: Callable, one_process: str | None = None) -> None:
   def wrapped(argv):
     if len(argv) > 1:
       fail(f"unexpected arguments {argv[1:]}; all options are --flags")
-    for noisy in ("jax", "orbax", "absl", "httpx", "asyncio"):
+    for noisy in ("jax", "orbax", "absl", "httpx"):
       logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Orbax's background tasks log a failed write's traceback through asyncio ("Task
+    # exception was never retrieved"); the failure itself reaches the user as one line.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
       config = process_config()
     except GSIError as e:

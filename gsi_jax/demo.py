@@ -18,7 +18,7 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import benchmarking, cli, experiment, metrics, progress, provenance
+from gsi_jax import benchmarking, cli, experiment, metrics, progress, provenance, text
 from gsi_jax.errors import GSIError
 from gsi_jax.methods.evaluate import best_dense
 
@@ -110,6 +110,7 @@ def report(r: dict) -> str:
 
 
 def main(argv):
+  text.text_flag("--prompt", flags.FLAGS.prompt)
   config = cli.experiment_config(default_out="")
   result = run_demo(config, flags.FLAGS.prompt)
   print(report(result))

@@ -156,6 +156,31 @@ def write_json(path: str, value, *, quiet: bool = False) -> str:
   return path
 
 
+def finite(name: str, value, low: float | None = None, high: float | None = None,
+           low_open: bool = False) -> float:
+  """A number flag: finite (inf and nan refused: a size of inf has no bytes) and within
+  [low, high] (or (low, high] with low_open); else one error naming the flag."""
+  try:
+    number = float(value)
+  except (TypeError, ValueError):
+    raise GSIError(f"{name} must be a number, got {value!r}") from None
+  below = low is not None and (number <= low if low_open else number < low)
+  if not math.isfinite(number) or below or (high is not None and number > high):
+    bounds = f"{'(' if low_open else '['}{low if low is not None else '-inf'}, " \
+             f"{high if high is not None else 'inf'}{']' if high is not None else ')'}"
+    raise GSIError(f"{name} must be a finite number in {bounds}, got {value}")
+  return number
+
+
+def whole_numbers(name: str, text: str, sep: str = "x") -> tuple[int, ...]:
+  """'4096x16384' as positive whole numbers, ASCII digits only (str.isdigit also takes
+  '²', which int() refuses)."""
+  parts = text.lower().split(sep)
+  if not all(p.isascii() and p.isdigit() and int(p) > 0 for p in parts):
+    raise GSIError(f"{name}: {text!r} is not positive whole numbers joined by {sep}")
+  return tuple(int(p) for p in parts)
+
+
 def positive(name: str, value: int) -> int:
   if value is None or int(value) < 1:
     raise GSIError(f"{name} must be a positive whole number, got {value}")

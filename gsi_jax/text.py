@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 
 import numpy as np
@@ -78,6 +79,28 @@ def check_source(source: str, flag: str) -> None:
     _hf_parts(source[len(HF_PREFIX):])
     return
   _read_file(source, flag)
+
+
+def text_flag(flag: str, value: str) -> str:
+  """Command-line text as a tokenizer takes it: UTF-8 (bytes that are not arrive as
+  surrogates, which no tokenizer encodes) and not blank; else one error naming the flag."""
+  try:
+    value.encode("utf-8")
+  except UnicodeEncodeError:
+    raise GSIError(f"{flag} is not UTF-8 text (its bytes arrived undecodable); pass UTF-8") \
+        from None
+  if not value.strip():
+    raise GSIError(f"{flag} is empty; give the text")
+  return value
+
+
+def read_json(path: str, flag: str):
+  """A user's JSON file: checked as a text file (`_read_file`: UTF-8, not empty), then
+  parsed; one error naming the flag and the file either way."""
+  try:
+    return json.loads(_read_file(path, flag))
+  except json.JSONDecodeError as e:
+    raise GSIError(f"{flag}: {path} is not JSON ({e})") from None
 
 
 def _read_file(source: str, flag: str) -> str:

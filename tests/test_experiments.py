@@ -324,8 +324,10 @@ def run_decode_benchmark(args):
     (["--gsi=8:0.1,8:0.1"], "--gsi repeats a point"),
     (["--prompt= "], "--prompt is empty"),
     (["--repeats=0"], "--repeats must be a positive whole number"),
-    (["--ceiling_gib=-1"], "--ceiling_gib must be >= 0"),
-    (["--ceiling_gib=100000"], "--ceiling_gib: the read ceiling's"),
+    (["--ceiling_gib=-1"], "--ceiling_gib (0: sized from the cache) must be a finite number in "
+                           "[0, 1024]"),
+    (["--ceiling_gib=inf"], "--ceiling_gib (0: sized from the cache) must be a finite number"),
+    (["--ceiling_gib=1000"], "--ceiling_gib: the read ceiling's"),
 ])
 def test_decode_benchmark_checks_flags_before_loading(bad, message):
   # A model path that does not exist: a flag check that ran after loading would say so instead.
@@ -509,3 +511,29 @@ def test_a_bare_experiment_records_no_path_of_this_machine(tiny_folder, tmp_path
   assert result["config"]["bases_dir"] == os.path.join("~", ".cache", "b")
   assert result["config"]["out"] == os.path.join("runs", "storage_overhead.json")
   assert str(tmp_path) not in json.dumps(result["config"])
+
+
+def test_command_line_text_that_is_not_utf8_is_refused_before_loading(tmp_path):
+  """Bytes that are not UTF-8 reach Python as surrogates, which no tokenizer encodes."""
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "decode.py"), b"--prompt=caf\xe9 \xff",
+       "--model=/nonexistent/m.gguf"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert_one_error_line(proc, "--prompt is not UTF-8 text")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"\xff\xfe{}", "is not UTF-8 text"),
+    (b'{"records": [1, 2]}', "is not a pareto.py JSON"),
+    (b'[1, 2]', "is not a pareto.py JSON"),
+    (b'{"records": [', "is not JSON"),
+])
+def test_a_users_json_is_read_strictly(tmp_path, content, message):
+  bad = tmp_path / "p.json"
+  bad.write_bytes(content)
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "best_dense.py"), f"--pareto={bad}",
+       f"--out={tmp_path / 'o.json'}"], capture_output=True, text=True, cwd=ROOT, timeout=300,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert_one_error_line(proc, message)
+  assert not (tmp_path / "o.json").exists()

@@ -164,6 +164,10 @@ def test_the_summary_reads_only_the_steps_this_run_ran(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--parts=ceiling,speed"], "--parts takes a list of"),
     (["--maps=4096"], "is not 2 positive whole numbers"),
+    (["--maps=2²x512"], "--maps: '2²x512' is not positive whole numbers joined by x"),
+    (["--ceiling_gib=inf"], "--ceiling_gib must be a finite number in (0, 1024], got inf"),
+    (["--cache_mb=inf"], "--cache_mb must be a finite number in (0, 1048576], got inf"),
+    (["--cache_mb=0"], "--cache_mb must be a finite number in (0, 1048576], got 0"),
     (["--tiles=64x8x4"], "needs blocks >= 16"),
     (["--tokens=0"], "--tokens takes positive whole numbers"),
     (["--fast_share=1.5"], "--fast_share takes numbers in [0, 1]"),
@@ -317,3 +321,16 @@ def test_the_headers_dry_run_time_is_the_committed_runs():
   assert int(quoted.group(1)) == sum(s["seconds"] for s in dry["steps"].values())
   assert dry["run"]["cpu"] == quoted.group(2) and dry["run"]["cpus"] == 2
   assert not dry["failed_steps"]
+
+
+def test_sizes_past_the_shape_are_refused_before_any_compute(tmp_path):
+  """gpu_decode: a prompt past the shape's positions; scale: a rank past its widest site
+  (gptj-tiny: 256 positions, widest site 512), each one error line, nothing written."""
+  assert_one_error_line(run_benchmark("gpu_decode.py", [
+      "--dry", "--prompt_len=300", f"--out={tmp_path / 'd.json'}"]),
+      "--prompt_len (300) plus --new_tokens (4) exceeds gptj-tiny's 256 positions")
+  assert_one_error_line(run_benchmark("scale.py", [
+      "--shape=gptj-tiny", "--in_memory", "--calib_tokens=1024", "--seq_len=64", "--k=16",
+      "--decode_layers=1", "--decode_k=520", f"--out={tmp_path / 's.json'}"]),
+      "--decode_k=520 exceeds the widest site of gptj-tiny (512)")
+  assert not list(tmp_path.iterdir())

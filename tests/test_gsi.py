@@ -480,3 +480,32 @@ def test_bad_values_are_refused_at_save_and_at_restore(tiny, tmp_path):
     gsi_jax.load_bases(str(tmp_path / "b"))
   with pytest.raises(GSIError, match="is a file"):
     checkpoint.check_writable(str(tmp_path / "b" / "1" / "arrays" / "_METADATA" / "x"))
+
+
+def test_any_storage_failure_is_one_line_naming_the_path(tiny, tmp_path, monkeypatch):
+  """A full disk reaches Orbax's save from tensorstore as a ValueError, not an OSError: the
+  bases save and the calibration's progress both turn it (any exception) into one
+  GSIError naming the path and the cause; the earlier step stays restorable."""
+  from gsi_jax.gsi import checkpoint
+  model, bases, _ = tiny("llama_gqa")
+  path = str(tmp_path / "bases")
+  checkpoint.save_bases(path, bases)
+  full = ValueError("RESOURCE_EXHAUSTED: Error writing local file: No space left on device\n"
+                    "  [source locations='tensorstore/...']")
+
+  def no_space(*args, **kwargs):
+    raise full
+  monkeypatch.setattr(checkpoint, "_save", no_space)
+  with pytest.raises(GSIError) as raised:
+    checkpoint.save_bases(path, bases)
+  assert str(raised.value) == (
+      f"cannot save bases to {path} (ValueError: RESOURCE_EXHAUSTED: Error writing local "
+      "file: No space left on device); earlier steps there are untouched")
+  progress = checkpoint.LayerProgress(str(tmp_path / "progress"), {"model": "m"})
+  name = P.layer_name(0)
+  with pytest.raises(GSIError, match=r"cannot save calibration progress to .*progress "
+                     r"\(ValueError: RESOURCE_EXHAUSTED"):
+    progress.save(0, bases.vectors[name], bases.eigenvalues[name], bases.trace[name], {},
+                  np.zeros((1, 2, 3), np.float32))
+  monkeypatch.undo()
+  assert checkpoint.load_bases(path).k_max == bases.k_max

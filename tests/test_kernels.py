@@ -459,3 +459,19 @@ def test_compile_flags_benchmark_bad_flags_exit_2(bad, message):
   proc = subprocess.run([sys.executable, "benchmarks/compile_flags.py", *bad], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
   assert_one_error_line(proc, message)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+def test_eps_inf_and_a_zero_token_always_fire(platform):
+  """ε = ∞ fires for every token, a token of zeros included (∞ · 0 is NaN in the product
+  ε² ‖x‖²), and so does ‖x‖ = 0 at any ε > 0 (M g = x W = 0 there), in gate_mask and the
+  kernel alike; ε = 0 never fires, zeros included."""
+  x, V, M, W = problem(4, 200, 24, 96, jnp.float32, seed=8)
+  x = x.at[1].set(0.0)
+  g = x @ V
+  for eps, want in ((jnp.inf, [1, 1, 1, 1]), (1e-6, [0, 1, 0, 0]), (0.0, [0, 0, 0, 0])):
+    np.testing.assert_array_equal(np.asarray(gate_mask(x, g, eps)), np.array(want, bool))
+    got = gated_matmul_on(platform, x, g, eps, [M], [W], interpret=True)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.array(want, bool))
+    assert_same_call(got, gated_matmul_reference(x, g, eps, [M], [W]), jnp.float32)
+    assert np.all(np.asarray(got[0][0])[1] == 0)

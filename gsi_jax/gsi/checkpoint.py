@@ -149,6 +149,16 @@ def exclusive(path: str, create: bool = True):
       entry[0].close()
 
 
+def storage_cause(e: BaseException) -> str:
+  """What a failed save or restore says, on one line: an OSError's own words, else the
+  first line of whatever Orbax or tensorstore raised (a full disk reaches us from
+  tensorstore as a ValueError: RESOURCE_EXHAUSTED ... No space left on device)."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  first = (str(e).strip().splitlines() or [""])[0]
+  return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
+
+
 def save_bases(path: str, bases: Bases) -> int:
   """Save as the next step under `path`; returns the step."""
   check_writable(path)
@@ -164,8 +174,10 @@ def save_bases(path: str, bases: Bases) -> int:
       with exclusive(path), _manager(path, create=True) as manager:
         step = (manager.latest_step() or 0) + 1
         _save(manager, step, arrays, meta)
-    except OSError as e:
-      raise GSIError(f"cannot save bases to {path} ({e.strerror or e}); earlier steps there "
+    except GSIError:
+      raise
+    except Exception as e:  # any storage failure, tensorstore's included, is one line
+      raise GSIError(f"cannot save bases to {path} ({storage_cause(e)}); earlier steps there "
                      "are untouched") from None
   return distributed.from_primary(step)
 
@@ -211,8 +223,8 @@ def _restore(manager, step: int, path: str):
     restored = manager.restore(step, args=ocp.args.Composite(
         arrays=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
   except Exception as e:
-    raise GSIError(f"checkpoint {path} is damaged ({type(e).__name__}); "
-                   "delete it and calibrate again") from None
+    raise GSIError(f"checkpoint {path} cannot be restored ({storage_cause(e)}): damaged or "
+                   "unreadable; delete it and calibrate again") from None
   return jax.tree.map(np.asarray, restored["arrays"]), dict(restored["meta"] or {})
 
 
@@ -268,9 +280,11 @@ class LayerProgress:
               sealed({"run": self.run, "index": index, "costs": costs}, layer))
       with self._carry(create=True) as manager:
         _save(manager, index + 1, carry, sealed({"run": self.run}, carry))
-    except OSError as e:
+    except GSIError:
+      raise
+    except Exception as e:  # any storage failure, tensorstore's included, is one line
       raise GSIError(f"cannot save calibration progress to {self.path} "
-                     f"({e.strerror or e}); earlier layers there are untouched") from None
+                     f"({storage_cause(e)}); earlier layers there are untouched") from None
 
   def restore(self, vectors: dict, eigenvalues: dict, trace: dict, costs: dict):
     """Fill the dicts with the finished layers; returns (layers done, their output or None)."""

@@ -87,10 +87,18 @@ def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.
   return xx, xx - gg
 
 
+def fires(rr, xx, eps) -> jax.Array:
+  """‖r‖ < ε ‖x‖ from squared norms, as every gate reads it: never at ε <= 0; always at
+  ε = ∞ and for x = 0 (where M g = x W = 0), which the product ε² ‖x‖² would miss (∞ · 0
+  is NaN, and 0 < 0 is false)."""
+  eps = jnp.asarray(eps, jnp.float32)
+  return ((rr < jnp.square(eps) * xx) | jnp.isinf(eps) | (xx == 0)) & (eps > 0)
+
+
 def gate_mask(x_BTD: jax.Array, g_BTK: jax.Array, eps) -> jax.Array:
-  """ρ < ε per token, as ‖r‖² < ε² ‖x‖² (and never at ε = 0)."""
+  """ρ < ε per token, as ‖r‖² < ε² ‖x‖² (`fires`: never at ε = 0, always at ε = ∞)."""
   xx, rr = residual_energy(x_BTD, g_BTK)
-  return (rr < jnp.square(eps) * xx) & (eps > 0)
+  return fires(rr, xx, eps)
 
 
 def straight_through(hard: jax.Array, soft: jax.Array) -> jax.Array:
@@ -118,7 +126,7 @@ def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps) -> jax.Array:
   """
   xc = (x_BTD @ C_DS).astype(jnp.float32)
   e = xc - (g_BTK @ D_KS).astype(jnp.float32)
-  return (jnp.sum(e * e, -1) < jnp.square(eps) * jnp.sum(xc * xc, -1)) & (eps > 0)
+  return fires(jnp.sum(e * e, -1), jnp.sum(xc * xc, -1), eps)
 
 
 def coin_fast(x_BTD: jax.Array, p) -> jax.Array:
@@ -143,7 +151,7 @@ def ladder_ranks(x_BTD, g_BTK, rungs_R, eps) -> tuple[jax.Array, jax.Array]:
   prefix_KR = (jnp.arange(g_BTK.shape[-1])[:, None] < rungs_R[None, :]).astype(jnp.float32)
   gg_BTR = jnp.dot(jnp.square(g_BTK.astype(jnp.float32)), prefix_KR,
                    precision=jax.lax.Precision.HIGHEST)
-  pass_BTR = (xx - gg_BTR < jnp.square(eps) * xx) & (eps > 0)
+  pass_BTR = fires(xx - gg_BTR, xx, eps)
   fast_BT = jnp.any(pass_BTR, -1)
   rank_BT = jnp.where(fast_BT, rungs_R[jnp.argmax(pass_BTR, -1)], rungs_R[-1])
   return fast_BT, rank_BT
