@@ -56,13 +56,34 @@ FAILED=()
   timeout 20 $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
+# Ctrl-C or SIGTERM: end the running step's whole process group (timeout leads its own),
+# write no summary, and exit 130 or 143.  Each step runs in the background and is waited
+# for, so that the trap runs at once rather than after the step.
+STEP_PID=
+interrupted() {
+  local status=$1
+  trap - INT TERM
+  if [ -n "$STEP_PID" ]; then
+    kill -TERM -- "-$STEP_PID" 2> /dev/null || kill -TERM "$STEP_PID" 2> /dev/null
+    wait "$STEP_PID" 2> /dev/null
+  fi
+  echo "interrupted: gpu_check ended during a step; the steps that finished kept their JSON and" \
+    "log in $OUT_DIR (steps.txt lists them), and no summary was written" >&2
+  exit "$status"
+}
+trap 'interrupted 130' INT
+trap 'interrupted 143' TERM
+
 step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status seconds`
   local name=$1 limit=$2 start rc
   shift 2
   [ "$DRY" = 1 ] && limit=$((limit * 4))  # a CPU interprets the kernels: the limits are a GPU's
   start=$(date +%s)
-  timeout "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1
+  timeout "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1 &
+  STEP_PID=$!
+  wait "$STEP_PID"
   rc=$?
+  STEP_PID=
   echo "$name $rc $(( $(date +%s) - start ))" >> "$OUT_DIR/steps.txt"
   echo "== $name: exit $rc"; tail -n 3 "$OUT_DIR/$name.log"
   [ "$rc" = 0 ] || FAILED+=("$name")

@@ -182,7 +182,7 @@ def main(argv):
   c = config_from_flags()
   out = experiment.check_output_path(c.out)
   experiment.write_json(out, run(c, lambda result: experiment.write_json(out, result,
-                                                                         quiet=True)))
+                                                                         partial=True)))
 
 
 if __name__ == "__main__":

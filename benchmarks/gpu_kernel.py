@@ -396,7 +396,7 @@ def main(argv):
   del argv
   c = config_from_flags()
   out = experiment.check_output_path(c.out)
-  save = lambda result: experiment.write_json(out, result, quiet=True)
+  save = lambda result: experiment.write_json(out, result, partial=True)
   experiment.write_json(out, run(c, save))
 
 

@@ -134,7 +134,7 @@ def main(argv):
                            "jax_version": jax.__version__, "grid": c.grid,
                            "experiment": dataclasses.asdict(c.experiment),
                            "passed": sum(r["passed"] for r in rows), "programs": rows}
-    rows = export_programs(c, lambda rows: experiment.write_json(out, record(rows), quiet=True))
+    rows = export_programs(c, lambda rows: experiment.write_json(out, record(rows), partial=True))
     experiment.write_json(out, record(rows))
     return
   out = experiment.check_output_path(_OUT.value)

@@ -384,7 +384,7 @@ def main(argv):
                    "give --checkpoint, which each process reads its columns of")
   check_depth(cfg)
   experiment.write_json(out, run(cfg, save=lambda result: experiment.write_json(
-      out, result, quiet=True)))
+      out, result, partial=True)))
 
 
 if __name__ == "__main__":

@@ -193,9 +193,14 @@ def run(main: Callable, one_process: str | None = None) -> None:
 def interrupted_message() -> str:
   """One line on Ctrl-C: what is kept, and how to go on."""
   cache = FLAGS["bases_dir"].value if "bases_dir" in FLAGS else None
-  kept = (f"calibrated layers are kept under {cache} and the same command resumes after "
-          "them" if cache else "nothing partial was written (outputs are written whole)")
-  return f"interrupted: {kept}"
+  partial = sorted(experiment.PARTIAL_WRITES)
+  kept = [f"the rows finished so far are in {', '.join(partial)} (\"complete\": false)"] \
+      if partial else []
+  if cache:
+    kept.append(f"calibrated layers are kept under {cache} and the same command resumes "
+                "after them")
+  return "interrupted: " + ("; ".join(kept) if kept else
+                            "nothing partial was written (outputs are written whole)")
 
 
 def preset_or_flag(preset: dict | None):

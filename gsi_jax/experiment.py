@@ -142,16 +142,23 @@ def write_text_atomic(path: str, content: str) -> None:
     raise
 
 
-def write_json(path: str, value, *, quiet: bool = False) -> str:
+# The outputs this process has saved partway and not yet completed (an interruption says so).
+PARTIAL_WRITES: set[str] = set()
+
+
+def write_json(path: str, value, *, partial: bool = False) -> str:
   """Strict JSON (no bare Infinity/NaN), written atomically, with no absolute path of this
   machine's in a PATH_FIELDS field.  A result (a dict) gains a `run` field: the machine,
   the versions and the wall time from the process's start.
-  quiet: no log line (a partial result saved again and again as rows come in)."""
+  partial: a result saved as its rows come in: it says "complete": false (a final write
+  without `partial` says nothing of it), logs no line, and an interruption names it."""
   if isinstance(value, dict):
-    value = {**value, "run": provenance.run_record()}
+    value = {**({"complete": False} if partial else {}), **value,
+             "run": provenance.run_record()}
   write_text_atomic(path, json.dumps(strict_json(portable_paths(value)), indent=2,
                                      allow_nan=False) + "\n")
-  if distributed.is_primary() and not quiet:
+  (PARTIAL_WRITES.add if partial else PARTIAL_WRITES.discard)(os.path.abspath(path))
+  if distributed.is_primary() and not partial:
     logging.info("wrote %s", path)
   return path
 

@@ -334,3 +334,61 @@ def test_sizes_past_the_shape_are_refused_before_any_compute(tmp_path):
       "--decode_layers=1", "--decode_k=520", f"--out={tmp_path / 's.json'}"]),
       "--decode_k=520 exceeds the widest site of gptj-tiny (512)")
   assert not list(tmp_path.iterdir())
+
+
+SLEEPING_PYTHON = """#!/bin/sh
+# A step that computes until killed; it records its pid first.
+echo $$ >> {pids}
+exec sleep 120
+"""
+
+
+@pytest.mark.parametrize("signal_name, status", [("TERM", 143), ("INT", 130)])
+def test_a_signal_ends_the_running_step_and_writes_no_summary(tmp_path, signal_name, status):
+  """SIGTERM (as timeout or a scheduler sends it) or SIGINT to gpu_check.sh itself, during
+  a step: the step's processes end with it, no summary is written, exit 143 or 130, and an
+  interrupted: line says what was kept."""
+  import signal
+  import time
+  pids = tmp_path / "pids"
+  python = tmp_path / "python"
+  python.write_text(SLEEPING_PYTHON.format(pids=pids))
+  python.chmod(0o755)
+  out = tmp_path / "out"
+  proc = subprocess.Popen(["bash", "benchmarks/gpu_check.sh"], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env={**os.environ, "GPU_CHECK_DRY": "1", "OUT": str(out),
+                               "PYTHON": str(python)})
+  deadline = time.time() + 60
+  while time.time() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+    time.sleep(0.2)  # the device line's python, then the first step's
+  step = int(pids.read_text().split()[-1])
+  proc.send_signal(getattr(signal, f"SIG{signal_name}"))
+  _, stderr = proc.communicate(timeout=30)
+  assert proc.returncode == status, stderr
+  assert "interrupted: gpu_check ended during a step" in stderr
+  time.sleep(0.5)
+  with pytest.raises(ProcessLookupError):
+    os.kill(step, 0)
+  assert not (out / "gpu_summary.json").exists()
+
+
+def test_an_interrupted_benchmark_says_which_partial_json_it_kept(tmp_path):
+  """Ctrl-C after gpu_kernel.py saved its first rows: the JSON says "complete": false and
+  the interrupted: line names it (not "nothing partial was written")."""
+  import signal
+  import time
+  out = tmp_path / "k.json"
+  proc = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "gpu_kernel.py"), "--dry",
+       "--parts=timing", "--repeats=40", f"--out={out}"], cwd=ROOT, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  deadline = time.time() + 240
+  while time.time() < deadline and not out.exists() and proc.poll() is None:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-2000:]
+  assert json.loads(out.read_text())["complete"] is False
+  said = [line for line in stderr.splitlines() if line.startswith("interrupted:")]
+  assert said == [f'interrupted: the rows finished so far are in {out} ("complete": false)']
