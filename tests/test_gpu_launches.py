@@ -104,3 +104,43 @@ def test_the_small_programs_launch_what_the_committed_run_counted(tmp_path):
     got = fresh[want["program"]]
     for key in ("kernels", "kernels_with_larger_branches", "conditionals", "by_kind"):
       assert got[key] == want[key], (want["program"], key)
+
+
+def test_results_section_14_2_is_the_jsons():
+  """Every row of RESULTS §14.2's table, read from the document, against the two JSONs;
+  and the targets its prose calls met or not met."""
+  import re
+  with open(os.path.join(ROOT, "RESULTS.md"), encoding="utf-8") as f:
+    section = f.read().split("### 14.2 ", 1)[1].split("\n## ", 1)[0]
+  rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+) \| ([\d.]+)× \| (\d+) \| ([^|]+) \|$",
+                    section, re.M)
+  result = committed()
+  with open(os.path.join(ROOT, "results", "benchmarks", "gpu_launches_before_cuts.json"),
+            encoding="utf-8") as f:
+    before = {r["program"]: r for r in json.load(f)["records"]}
+  assert len(rows) == len(result["records"])
+  for (program, batch, kernels, ratio, conditionals, was), r in zip(rows, result["records"]):
+    assert (program, int(batch)) == (r["program"], r["batch"])
+    assert int(kernels) == r["kernels_with_larger_branches"]
+    assert ratio == f"{r['kernels_with_larger_branches_over_dense']:.2f}"
+    assert int(conditionals) == r["conditionals"] and r["command_buffers"] == 1
+    b = before.get(program) if r["batch"] == 1 else None
+    assert was.strip() == (f"{b['kernels_with_larger_branches']} ({b['conditionals']})"
+                           if b else "—")
+  one = {r["program"]: r for r in result["records"] if r["batch"] == 1}
+  ratio = lambda p: one[p]["kernels_with_larger_branches_over_dense"]
+  assert one["gsi_eps0"]["kernels"] == one["dense"]["kernels"] and ratio("gsi_eps0") == 1.0
+  assert max(r["conditionals"] for r in one.values()) <= 1
+  for program, target in (("gsi_static", 1.15), ("gsi_gated", 1.3), ("sparsity", 1.05)):
+    assert f"{ratio(program):.2f}×, target ≤ {target}×" in section.replace("\n", " ")
+    assert ratio(program) > target  # called not met; a change that meets it rewrites §14.2
+
+
+def test_readme_quotes_the_counts():
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    readme = " ".join(f.read().split())
+  one = {r["program"]: r for r in committed()["records"] if r["batch"] == 1}
+  ratio = lambda p: f"{one[p]['kernels_with_larger_branches_over_dense']:.2f}×"
+  assert (f"GSI at ε = 0 is dense's program, static {ratio('gsi_static')} dense's kernels, "
+          f"gated {ratio('gsi_gated')} (RESULTS §14.2)") in readme
+  assert one["gsi_eps0"]["kernels"] == one["dense"]["kernels"]
