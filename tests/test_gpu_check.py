@@ -205,7 +205,7 @@ flags.FLAGS(["gpu_kernel", "--dry", "--parts=ceiling,correct", "--out=" + sys.ar
 c = g.config_from_flags()
 saves = []
 def save(result):  # writes, then stops the run as a time limit would after 3 rows
-  g.experiment.write_json(c.out, result, quiet=True)
+  g.experiment.write_json(c.out, result, partial=True)
   saves.append(len(result.get("correct", [])))
   if saves[-1] == 3:
     raise KeyboardInterrupt
@@ -226,6 +226,7 @@ def test_a_stopped_kernel_benchmark_keeps_its_rows(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, 1, 2, 3]
   kept = json.loads(out.read_text())
+  assert kept["complete"] is False  # saved partway, and says so
   assert kept["ceiling"]["ceiling_gb_s"] > 0 and len(kept["correct"]) == 3
   assert all(r["passed"] for r in kept["correct"])
 

@@ -88,11 +88,11 @@ def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.
 
 
 def fires(rr, xx, eps) -> jax.Array:
-  """‖r‖ < ε ‖x‖ from squared norms, as every gate reads it: never at ε <= 0; always at
-  ε = ∞ and for x = 0 (where M g = x W = 0), which the product ε² ‖x‖² would miss (∞ · 0
-  is NaN, and 0 < 0 is false)."""
+  """‖r‖ < ε ‖x‖ from squared norms, as every gate reads it: never at ε <= 0; always for
+  x = 0 (where M g = x W = 0), which the product ε² ‖x‖² misses (0 < 0 is false, and at
+  ε = ∞, ∞ · 0 is NaN); so ε = ∞ fires for every token."""
   eps = jnp.asarray(eps, jnp.float32)
-  return ((rr < jnp.square(eps) * xx) | jnp.isinf(eps) | (xx == 0)) & (eps > 0)
+  return jnp.where(xx > 0, rr < jnp.square(eps) * xx, True) & (eps > 0)
 
 
 def gate_mask(x_BTD: jax.Array, g_BTK: jax.Array, eps) -> jax.Array:
