@@ -210,9 +210,11 @@ def while_body_launches(text: str) -> Launches:
 
 def dumped_launches(dump_dir: str) -> Launches:
   """The launches of the one _generate program dumped in dump_dir."""
-  found = [f for f in glob.glob(os.path.join(dump_dir, "*thunk_sequence_after_thunk_passes.txt"))
-           if "body:" in open(f, encoding="utf-8").read()]
-  if len(found) != 1:
-    raise GSIError(f"{dump_dir} holds {len(found)} programs with a while loop, not one")
-  with open(found[0], encoding="utf-8") as f:
-    return while_body_launches(f.read())
+  def text(path):
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  looped = [t for t in map(text, glob.glob(os.path.join(
+      dump_dir, "*thunk_sequence_after_thunk_passes.txt"))) if "body:" in t]
+  if len(looped) != 1:
+    raise GSIError(f"{dump_dir} holds {len(looped)} programs with a while loop, not one")
+  return while_body_launches(looped[0])
