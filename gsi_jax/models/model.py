@@ -95,11 +95,6 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   return out, steps, decode_counts
 
 
-def _holds_key(params, key: str) -> bool:
-  paths = jax.tree_util.tree_flatten_with_path(params)[0]
-  return any(getattr(k, "key", None) == key for path, _ in paths for k in path)
-
-
 def decode_gate(params, gate: Gate | None, keep_stats: bool = False) -> Gate | None:
   """The gate a decode compiles with, decided once per model from concrete thresholds,
   not at each site: a plain gate whose every threshold is <= 0 takes no fast path, so the
@@ -113,7 +108,7 @@ def decode_gate(params, gate: Gate | None, keep_stats: bool = False) -> Gate | N
     eps = [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
   except (TypeError, jax.errors.ConcretizationTypeError):
     return gate
-  if _holds_key(params, P.EPS) or _holds_key(params, P.RESIDUAL_THRESHOLD):
+  if P.any_site_holds(params, P.EPS) or P.any_site_holds(params, P.RESIDUAL_THRESHOLD):
     return gate
   if all(e <= 0 for e in eps) and not keep_stats:
     return gate.replace(mode="dense")

@@ -142,6 +142,13 @@ def per_site(params, value) -> dict:
   return {layer: {site: value for site in sites} for layer, sites in site_kernels(params).items()}
 
 
+def any_site_holds(params, key: str) -> bool:
+  """Whether any site holds `key` beside its kernels (a per-site ε, a residual threshold,
+  as `with_site_values` writes them): the layers' site dicts are read, not their arrays."""
+  return any(isinstance(node, dict) and key in node
+             for layer in layers(params) for node in params[layer].values())
+
+
 def with_site_values(params, key: str, values: dict):
   """A new tree with {layer: {site: value}} written under `key` at each site (a
   sparsity threshold, a learned ε)."""
