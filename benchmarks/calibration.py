@@ -16,6 +16,7 @@ from absl import flags
 import gsi_jax
 from gsi_jax import cli, experiment, text
 from gsi_jax.benchmarking import peak_rss_mib
+from gsi_jax.errors import GSIError
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")
 _TOKENS = flags.DEFINE_integer("calib_tokens", 65536, "Calibration tokens.")
@@ -55,6 +56,7 @@ def main(argv):
     return
   experiment.positive("--calib_tokens", _TOKENS.value)
   experiment.positive("--k", _K.value)
+  experiment.finite("--seq_len", _SEQ_LEN.value, 2)
   out = experiment.check_output_path(_OUT.value)
   records = []
   for method in ("eigh", "cascade"):
@@ -63,6 +65,9 @@ def main(argv):
     proc = subprocess.run(args, capture_output=True, text=True)
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     if line is None:
+      said = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+      if said:  # the measuring process refused its input: its line, as this one's
+        raise GSIError(said[0][len("error: "):])
       raise SystemExit(f"{method} run failed:\n{proc.stderr[-2000:]}")
     rec = json.loads(line[len("RESULT "):])
     rec["peak_over_model_f32"] = rec["peak_rss_mib"] / rec["model_f32_mib"]

@@ -125,9 +125,10 @@ def map_summary(records) -> dict:
 
 def main(argv):
   del argv
+  # --export_dir's flags are checked with the others, whether or not it is given.
+  c = export_config(_EXPORT_DIR.value, _MODEL.value, _K.value, _CALIB_TOKENS.value,
+                    _SEQ_LEN.value, _LAYERS.value)
   if _EXPORT_DIR.value:
-    c = export_config(_EXPORT_DIR.value, _MODEL.value, _K.value, _CALIB_TOKENS.value,
-                      _SEQ_LEN.value, _LAYERS.value)
     out = experiment.check_output_path(os.path.join(c.out_dir, "programs.json"),
                                        "--export_dir")
     record = lambda rows: {"what": "exported on a CPU, not run", "layers": c.layers,

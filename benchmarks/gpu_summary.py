@@ -171,8 +171,7 @@ def main(argv):
   del argv
   if not os.path.isdir(_DIR.value):
     raise GSIError(f"--dir: {_DIR.value} is not a folder; give the folder gpu_check.sh wrote")
-  if not _NOMINAL.value > 0:
-    raise GSIError(f"--nominal_gb_s must be > 0, got {_NOMINAL.value}")
+  experiment.finite("--nominal_gb_s", _NOMINAL.value, 0, 10**6, low_open=True)
   out = experiment.check_output_path(_OUT.value or os.path.join(_DIR.value, "gpu_summary.json"))
   experiment.write_json(out, summarise(_DIR.value, _NOMINAL.value))
 

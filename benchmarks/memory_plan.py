@@ -11,13 +11,11 @@ per phase (runtime and transients), fitted on `--fit_on`, a one-process
 what it measured.  Nothing is allocated.
 """
 
-import json
 import logging
-import os
 
 from absl import flags
 
-from gsi_jax import cli, experiment, footprint
+from gsi_jax import cli, experiment, footprint, text
 from gsi_jax.errors import GSIError
 from gsi_jax.loading import synthetic
 
@@ -39,14 +37,10 @@ _OUT = flags.DEFINE_string("out", "results/benchmarks/memory_plan.json", "JSON o
 
 
 def measured_run(path: str) -> footprint.MeasuredRun:
-  if not os.path.isfile(path):
-    raise GSIError(f"{path}: no such file; pass a JSON that benchmarks/scale.py wrote")
-  try:
-    with open(path, encoding="utf-8") as f:
-      record = json.load(f)
-  except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-    raise GSIError(f"{path}: not readable JSON ({e}); pass a JSON that benchmarks/scale.py "
-                   "wrote") from None
+  record = text.read_json(path, "--check")
+  if not isinstance(record, dict):
+    raise GSIError(f"--check: {path} is not a JSON object; pass a JSON that "
+                   "benchmarks/scale.py wrote")
   return footprint.MeasuredRun.from_record(path, record)
 
 

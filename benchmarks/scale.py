@@ -111,8 +111,7 @@ class ScaleConfig:
       experiment.positive(f"--{name}", getattr(self, name))
     if self.layers is not None:
       experiment.positive("--layers", self.layers)
-    if not self.peak_bandwidth_gb_s >= 0:
-      raise GSIError(f"--peak_bandwidth_gb_s must be >= 0, got {self.peak_bandwidth_gb_s}")
+    experiment.finite("--peak_bandwidth_gb_s (0: unknown)", self.peak_bandwidth_gb_s, 0, 10**6)
     for name in ("decode_layers", "eigh_layers"):
       if getattr(self, name) < 0:
         raise GSIError(f"--{name} must be >= 0, got {getattr(self, name)}")

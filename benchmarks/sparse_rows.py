@@ -135,8 +135,8 @@ def main(argv):
                    "warning); install a C++ compiler or leave them out")
   experiment.positive("--tokens", _TOKENS.value)
   experiment.positive("--repeats", _REPEATS.value)
-  if _COPIES.value < 0 or not _CACHE_MULTIPLE.value > 0:
-    raise GSIError("--copies must be >= 0 and --cache_multiple > 0")
+  experiment.finite("--copies (0: from the cache)", _COPIES.value, 0)
+  experiment.finite("--cache_multiple", _CACHE_MULTIPLE.value, 0, 1024, low_open=True)
   out = experiment.check_output_path(_OUT.value)
   llc = last_level_cache_bytes()
   rng = np.random.default_rng(0)

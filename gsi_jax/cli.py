@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import _thread
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Callable
 
@@ -34,6 +36,7 @@ def fail(message: str) -> None:
 INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
 _interrupted = threading.Event()
 _interrupt_status = [130]
+_interrupt_signum = [signal.SIGINT]
 
 
 def _interrupt(signum, frame):
@@ -46,6 +49,7 @@ def _interrupt(signum, frame):
     return
   _interrupted.set()
   _interrupt_status[0] = INTERRUPTED_STATUS[signum]
+  _interrupt_signum[0] = signum
   raise KeyboardInterrupt
 
 
@@ -74,10 +78,24 @@ def _parse(argv):
     fail(str(e))
 
 
-def _ignore_closed_event_loop(hook):
-  """Orbax's background thread can report "Event loop is closed" once a restore has
-  ended (seen after restoring damaged checkpoints): harmless, and not the user's error."""
+def _interrupt_again(signum: int) -> None:
+  time.sleep(0.05)
+  _thread.interrupt_main(signum)
+
+
+def _unraisable(hook):
+  """The interrupt re-raised where Python can only report it: a signal handler's exception
+  raised inside a gc callback or a finalizer (jax runs one at every collection) is
+  "ignored" there, and the run would go on as if never interrupted.  And orbax's
+  background thread can report "Event loop is closed" once a restore has ended (seen after
+  restoring damaged checkpoints): harmless, and not the user's error."""
   def filtered(unraisable):
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupted.is_set():
+      # The handler runs again as for a first signal once this hook has returned, from a
+      # thread that does not wait to start: raised in here, it would be ignored again.
+      _interrupted.clear()
+      _thread.start_new_thread(_interrupt_again, (_interrupt_signum[0],))
+      return
     if not (isinstance(unraisable.exc_value, RuntimeError)
             and "Event loop is closed" in str(unraisable.exc_value)):
       hook(unraisable)
@@ -133,7 +151,7 @@ def run(main: Callable, one_process: str | None = None) -> None:
   processes: each is supervised, they join, and their flags must agree, before main runs.
   A script that measures one device says why in `one_process`, and is refused there.
   """
-  sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
+  sys.unraisablehook = _unraisable(sys.unraisablehook)
   if supervisor.is_child():
     supervisor.bind_to_supervisor()
   handle_signals(restore=supervisor.is_child())

@@ -35,7 +35,7 @@ _PR_SET_PDEATHSIG = 1
 _RUNTIME_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+\.(cc|h|cpp):\d+\]")
 _PYTHON_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+\.py:\d+\]")
 _FATAL = re.compile(r"^(F\d{4} \d\d:\d\d|\*\*\* Check failure stack trace|Fatal Python error)")
-GRACE_S = 20  # how long an interrupted child may take to end before it is killed
+GRACE_S = 5  # how long an interrupted child may take to end before it is killed
 # What the runtime's last words in a child's log mean, first match wins: (pattern, message
 # given the process, e.g. "process 1 of 2", its id and the run's coordinator address).
 _RUNTIME_ENDS = (
@@ -80,12 +80,36 @@ def _locked(path: str):
   return f
 
 
+def _claim_path(address: str, process: str, suffix: str) -> str:
+  name = re.sub(r"[^A-Za-z0-9._-]+", "_", address)
+  return os.path.join(tempfile.gettempdir(), f"gsi_jax-run-{name}-process{process}.{suffix}")
+
+
 def claim_process_id(address: str, process: str):
   """Hold this machine's claim on `process` of the run at `address` (an flock in the
   temporary folder, released when this process ends); None when another process on this
-  machine holds it already."""
-  name = re.sub(r"[^A-Za-z0-9._-]+", "_", address)
-  return _locked(os.path.join(tempfile.gettempdir(), f"gsi_jax-run-{name}-process{process}.lock"))
+  machine holds it already, which is then told through a `.refused` file beside the lock
+  (whose end, a run that never fills, is then named by its cause)."""
+  claim = _locked(_claim_path(address, process, "lock"))
+  refused = _claim_path(address, process, "refused")
+  if claim is None:
+    try:
+      with open(refused, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    except OSError:  # the claim's holder is not told; this process is refused all the same
+      pass
+  elif os.path.exists(refused):  # left by a duplicate of an earlier run
+    os.unlink(refused)
+  return claim
+
+
+def _duplicate_was_refused(address: str, process: str) -> bool:
+  """Whether a process started with this one's --process_id was refused while it ran."""
+  refused = _claim_path(address, process, "refused")
+  if not os.path.exists(refused):
+    return False
+  os.unlink(refused)
+  return True
 
 
 def log_path(out: str | None, script: str, process: str) -> str:
@@ -223,6 +247,10 @@ def supervise(process: str, num_processes: int | None, log: str, address: str = 
     return status if status in (130, 143) else 143 if signal.SIGTERM in signalled else 130
   if relay.error_line is not None:
     message = relay.error_line
+    if claim is not True and _duplicate_was_refused(address, process):
+      message += (f"; meanwhile another process on this machine was started with this "
+                  f"process's --process_id {process} and refused: give each process its own "
+                  f"--process_id in 0..{num_processes - 1}")
   elif status > 0:  # a Python traceback or an exit status of the script's own: shown as is
     relay.release()
     print(f"{who} ended with status {status}; its log: {log}", file=sys.stderr)

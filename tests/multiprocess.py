@@ -112,7 +112,7 @@ def main(argv):
     return
   hold_at = flags.FLAGS.hold_at
   holds = hold_at and flags.FLAGS.die_process in (None, jax.process_index())
-  if holds and hold_at != "decode":  # wait inside that phase, once its first save is done
+  if holds and hold_at in ("calibration", "save"):  # wait there, once its first save is done
     from gsi_jax.gsi import checkpoint
     owner, name = ((checkpoint.LayerProgress, "save") if hold_at == "calibration"
                    else (checkpoint, "_save"))
@@ -142,6 +142,13 @@ def main(argv):
     bases = gsi_jax.load_bases(os.path.join(out, "bases"))
   params = sharding.shard_params(gsi_jax.apply_gsi(model.params, bases, K), mesh)
   gate = gsi_jax.make_gate(EPS)
+  if hold_at == "compute":  # inside one XLA computation, where a Python handler waits
+    import jax.numpy as jnp
+    print("holding at compute", flush=True)
+    step = lambda _, v: v * 1.0000001 + 1e-9  # noqa: E731
+    spin = jax.jit(lambda v: jax.lax.fori_loop(
+        0, 1000, lambda _, w: jax.lax.fori_loop(0, 100_000_000, step, w), v))
+    spin(jnp.float32(1)).block_until_ready()  # about 400 s on a CPU core
   if hold_at == "decode":  # every process decodes until one of them is killed
     print("holding at decode", flush=True)
     deadline = time.monotonic() + HOLD_S
@@ -167,6 +174,6 @@ if __name__ == "__main__":
   flags.DEFINE_string("method", "eigh", "Calibration method.")
   flags.DEFINE_integer("stop_after_layer", -1, "Die once this layer's progress is saved.")
   flags.DEFINE_integer("die_process", None, "Only this process dies or holds (default: all).")
-  flags.DEFINE_enum("hold_at", None, ["calibration", "save", "decode"],
+  flags.DEFINE_enum("hold_at", None, ["calibration", "save", "compute", "decode"],
                     "Wait inside this phase, to be killed there.")
   cli.run(main)

@@ -59,7 +59,8 @@ def _wait_for(path, text, timeout=120):
 
 def test_a_duplicate_process_id_is_refused_naming_it(tiny_folder, tmp_path):
   """The second process given --process_id 1 on this machine is refused at once; the
-  others end when the run never fills (process 2 never starts)."""
+  others end when the run never fills (process 2 never starts), and the first process 1
+  says that a duplicate of its id was refused."""
   port = coordinator_port()
   streams = {p: open(tmp_path / f"err{p}.txt", "w") for p in (0, 1)}
   # The first run waits 30 s for its missing process, so that it still holds --process_id 1
@@ -78,12 +79,14 @@ def test_a_duplicate_process_id_is_refused_naming_it(tiny_folder, tmp_path):
   assert rc == 2 and _errors(err) == [
       f"error: another process on this machine already runs as --process_id 1 of the run at "
       f"127.0.0.1:{port}; give each process its own --process_id in 0..2"], err[-2000:]
-  for p in (0, 1):
+  joined = (f"error: not every process joined the 3-process run at 127.0.0.1:{port} within "
+            "30 s; start each one with the same --coordinator_address and --num_processes, "
+            "and its own --process_id")
+  for p, said in ((0, joined), (1, joined + "; meanwhile another process on this machine was "
+                  "started with this process's --process_id 1 and refused: give each process "
+                  "its own --process_id in 0..2")):
     text = (tmp_path / f"err{p}.txt").read_text()
-    assert [_without_log(l) for l in _errors(text)] == [
-        f"error: not every process joined the 3-process run at 127.0.0.1:{port} within 30 s; "
-        "start each one with the same --coordinator_address and --num_processes, and its "
-        "own --process_id"], text[-2000:]
+    assert [_without_log(l) for l in _errors(text)] == [said], text[-2000:]
 
 
 def test_processes_given_different_counts_are_refused_naming_the_count(tiny_folder, tmp_path):
@@ -100,9 +103,9 @@ def test_processes_given_different_counts_are_refused_naming_the_count(tiny_fold
   assert not any(name.endswith(".npz") for name in os.listdir(tmp_path))
 
 
-def _holding(tiny_folder, tmp_path):
+def _holding(tiny_folder, tmp_path, phase="calibration"):
   return ["--mode=calibrate", f"--model_path={tiny_folder(MODEL)[0]}",
-          f"--out_dir={tmp_path}", "--hold_at=calibration", "--process_timeout_s=20"]
+          f"--out_dir={tmp_path}", f"--hold_at={phase}", "--process_timeout_s=20"]
 
 
 # Runs bash with SIGINT at its default, as a shell's foreground job has it (a test session
@@ -111,18 +114,18 @@ FOREGROUND = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_D
               "os.execvp('bash', ['bash', *sys.argv[1:]])")
 
 
-def _launcher(tiny_folder, tmp_path):
-  """benchmarks/local_processes.sh with 2 processes, each holding inside calibration."""
+def _launcher(tiny_folder, tmp_path, phase="calibration"):
+  """benchmarks/local_processes.sh with 2 processes, each holding inside `phase`."""
   proc = subprocess.Popen(
       [sys.executable, "-c", FOREGROUND, "benchmarks/local_processes.sh", "2", "-m",
-       "tests.multiprocess", *_holding(tiny_folder, tmp_path)], cwd=ROOT, text=True,
+       "tests.multiprocess", *_holding(tiny_folder, tmp_path, phase)], cwd=ROOT, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable})
   holding = 0
   while holding < 2:
     line = proc.stdout.readline()
     assert line, proc.stderr.read()[-3000:]
-    holding += line.startswith("holding at calibration")
+    holding += line.startswith(f"holding at {phase}")
   return proc
 
 
@@ -150,6 +153,28 @@ def test_the_launcher_passes_signals_on_and_every_process_ends(tiny_folder, tmp_
   assert "Traceback" not in err
   _no_worker_left(tmp_path)
   assert not any(name.endswith(".npz") for name in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize("phase", ["decode", "compute"])
+def test_sigterm_to_the_launcher_alone_ends_the_run_within_seconds(tiny_folder, tmp_path,
+                                                                   phase):
+  """`kill PID` of the launcher alone (as timeout or a scheduler sends it): the launcher,
+  both supervisors and both workers are gone within seconds, each process with one
+  interrupted line.  Between decode steps a worker ends itself; inside one long XLA
+  computation its handler waits, and its supervisor kills it GRACE_S after the signal."""
+  from gsi_jax.supervisor import GRACE_S
+  proc = _launcher(tiny_folder, tmp_path, phase)
+  time.sleep(1)
+  started = time.monotonic()
+  os.kill(proc.pid, signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  took = time.monotonic() - started
+  assert proc.returncode == 143, err[-3000:]
+  assert took < (GRACE_S if phase == "decode" else GRACE_S + 5), (took, err[-3000:])
+  lines = _errors(err)
+  assert len(lines) == 2 and all(l.startswith("interrupted: ") for l in lines), err[-3000:]
+  assert "Traceback" not in err
+  _no_worker_left(tmp_path)
 
 
 BACKGROUND = """

@@ -488,3 +488,67 @@ def test_ctrl_c_ends_with_one_line(bases_dir, message):
   # Beside absl's INFO lines (the device the run is on), that one line and nothing else.
   assert [l for l in proc.stderr.strip().splitlines() if not ABSL_INFO.match(l)] == [
       message + ("" if bases_dir else " (outputs are written whole)")]
+
+
+INTERRUPTED_IN_A_GC_CALLBACK = """
+import gc, os, signal, sys, time
+from gsi_jax import cli
+cli.define_experiment_flags()
+def signalled_in_a_callback(phase, info):
+  if phase == "start" and not getattr(signalled_in_a_callback, "done", False):
+    signalled_in_a_callback.done = True
+    signal.raise_signal(signal.SIG{name})  # its handler runs here, inside gc
+def main(argv):
+  gc.callbacks.append(signalled_in_a_callback)
+  gc.collect()
+  time.sleep(30)
+  print("not interrupted", file=sys.stderr)
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("name, status", [("INT", 130), ("TERM", 143)])
+def test_a_signal_that_lands_in_a_gc_callback_still_interrupts(name, status):
+  """Python only reports an exception raised in a gc callback (jax runs one at every
+  collection): the interrupt is delivered again, and the run ends as for any signal."""
+  proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_A_GC_CALLBACK.replace(
+      "{name}", name), "--bases_dir="], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == status, proc.stderr[-2000:]
+  assert [l for l in proc.stderr.strip().splitlines() if not ABSL_INFO.match(l)] == [
+      "interrupted: nothing partial was written (outputs are written whole)"]
+
+
+# One bad value a flag of each kind must refuse: a size of inf, a count below zero, a list
+# with a digit that str.isdigit takes and int() refuses.
+BAD_VALUE = {"float": "inf", "integer": "-1", "list": "1,\u00b2"}
+# What a script needs beside the bad flag to get as far as checking it.
+BENCHMARK_ARGS = {"scale.py": ["--in_memory"], "make_checkpoint.py": ["--out={tmp}/ckpt"]}
+SEED_FLAGS = {("make_checkpoint.py", "seed")}  # any integer seeds a generator
+
+
+def _benchmark_number_flags():
+  for script in sorted(os.listdir(os.path.join(ROOT, "benchmarks"))):
+    if script.endswith(".py"):
+      source = Path(ROOT, "benchmarks", script).read_text()
+      for kind, name in re.findall(r'DEFINE_(integer|float|list)\(\s*"(\w+)"', source):
+        if (script, name) not in SEED_FLAGS:
+          yield script, name, kind
+
+
+@pytest.mark.parametrize("script, name, kind", list(_benchmark_number_flags()))
+def test_every_benchmark_flag_is_refused_in_one_line_before_compute(tmp_path, script, name,
+                                                                    kind):
+  """Benchmarks check their flags as experiments do: each number, count and list flag with
+  a bad value ends the run with exit 2 and one error line naming it, before any compute."""
+  extra = [a.format(tmp=tmp_path) for a in BENCHMARK_ARGS.get(script, [])]
+  if not any(a.startswith("--out=") for a in extra):
+    extra.append(f"--out={tmp_path / 'out.json'}")
+  proc = subprocess.run(
+      [sys.executable, os.path.join("benchmarks", script), f"--{name}={BAD_VALUE[kind]}",
+       *extra], capture_output=True, text=True, cwd=ROOT, timeout=120,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  said = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+  assert proc.returncode == 2 and len(said) == 1 and f"--{name}" in said[0], proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr
+  assert not os.listdir(tmp_path)
