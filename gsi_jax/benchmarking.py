@@ -40,27 +40,40 @@ def alternating_rounds(fns, rounds: int):
 # [4.252, 4.252] and was picked as the fastest method, from noise).
 MIN_ROUNDS = 3
 TOO_FEW_ROUNDS = "too few rounds"
+# From this many rounds the interval of the median ratio covers it 95% of the time (the
+# order-statistic interval needs 6: the range of n covers the median with probability
+# 1 - 2 * 0.5**n, 97% at 6).  Below, the interval is the range of the rounds, said as such,
+# with its own coverage and no verdict (75% at 3 rounds).
+INTERVAL_ROUNDS = 6
+RANGE_ONLY = "range only"
 
 
 def ratio_interval(base_s, other_s, confidence: float = 0.95, resamples: int = 2000,
                    seed: int = 0) -> dict:
   """The speed of `other` over `base` (base time / other time) from paired rounds: the
-  median of the per-round ratios, and a bootstrap interval of that median (rounds
-  resampled with replacement; None below MIN_ROUNDS rounds).  `base_spread` is the base's
-  slowest round over its fastest, the noise every claim here sits in."""
+  median of the per-round ratios, and an interval of that median: from INTERVAL_ROUNDS
+  rounds a bootstrap one (rounds resampled with replacement), from MIN_ROUNDS the range of
+  the rounds with the coverage it has, below none.  `base_spread` is the base's slowest
+  round over its fastest, the noise every claim here sits in."""
   base, other = np.asarray(base_s, float), np.asarray(other_s, float)
   if base.shape != other.shape or base.ndim != 1 or not base.size:
     raise GSIError(f"paired rounds must be two equal non-empty lists, got {base.shape} "
                    f"and {other.shape}")
   ratios = base / other
   low = high = None
-  if ratios.size >= MIN_ROUNDS:
+  if ratios.size >= INTERVAL_ROUNDS:
     draws = np.random.default_rng(seed).integers(0, ratios.size, (resamples, ratios.size))
     medians = np.median(ratios[draws], axis=1)
     tail = 100 * (1 - confidence) / 2
     low, high = (float(v) for v in np.percentile(medians, [tail, 100 - tail]))
+    interval = "bootstrap"
+  elif ratios.size >= MIN_ROUNDS:
+    low, high = float(ratios.min()), float(ratios.max())
+    confidence, interval = 1 - 2 * 0.5 ** ratios.size, f"range of {ratios.size} rounds"
+  else:
+    confidence, interval = None, None
   return {"ratio": float(np.median(ratios)), "ratio_low": low, "ratio_high": high,
-          "confidence": confidence, "rounds": int(ratios.size),
+          "confidence": confidence, "interval": interval, "rounds": int(ratios.size),
           "base_spread": float(base.max() / base.min())}
 
 
@@ -92,10 +105,12 @@ def interval_fields(pair: dict, prefix: str = "speedup") -> dict:
 
 
 def verdict(interval: dict) -> str:
-  """"faster", "slower", "within noise" where the interval holds 1.0, or "too few rounds"
-  where there is no interval."""
+  """"faster", "slower", "within noise" where the interval holds 1.0; "too few rounds"
+  where there is no interval, and "range only" where it is the range of too few rounds."""
   if interval["ratio_low"] is None:
     return TOO_FEW_ROUNDS
+  if interval["rounds"] < INTERVAL_ROUNDS:
+    return RANGE_ONLY
   if interval["ratio_low"] > 1:
     return "faster"
   if interval["ratio_high"] < 1:

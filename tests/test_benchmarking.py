@@ -75,19 +75,33 @@ def test_alternating_rounds_warm_each_fn_then_run_all_in_turn():
 
 
 def test_ratio_interval_is_the_median_ratio_and_a_bootstrap_interval_around_it():
-  steady = benchmarking.ratio_interval([2.0] * 5, [1.0] * 5)
+  steady = benchmarking.ratio_interval([2.0] * 6, [1.0] * 6)
   assert (steady["ratio"], steady["ratio_low"], steady["ratio_high"]) == (2.0, 2.0, 2.0)
-  assert steady["rounds"] == 5 and steady["base_spread"] == 1.0
+  assert steady["rounds"] == 6 and steady["base_spread"] == 1.0
+  assert (steady["interval"], steady["confidence"]) == ("bootstrap", 0.95)
   assert benchmarking.verdict(steady) == "faster"
-  # Per-round ratios 0.8, 0.9, 1.0, 1.1, 1.2 (the base drifting from 1 to 3 s): the
-  # median is 1.0, the interval holds it, and a drift of 3x is the base's spread.
-  base = [1.0, 1.5, 2.0, 2.5, 3.0]
-  noisy = benchmarking.ratio_interval(base, [b / r for b, r in zip(base, [0.8, 0.9, 1.0, 1.1, 1.2])])
+  # Per-round ratios 0.8 to 1.2 (the base drifting from 1 to 3.5 s): the median is 1.0,
+  # the interval holds it, and a drift of 3.5x is the base's spread.
+  base = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+  noisy = benchmarking.ratio_interval(
+      base, [b / r for b, r in zip(base, [0.8, 0.9, 0.95, 1.05, 1.1, 1.2])])
   assert noisy["ratio"] == pytest.approx(1.0)
   assert 0.8 <= noisy["ratio_low"] < 1.0 < noisy["ratio_high"] <= 1.2
-  assert noisy["base_spread"] == pytest.approx(3.0)
+  assert noisy["base_spread"] == pytest.approx(3.5)
   assert benchmarking.verdict(noisy) == "within noise"
-  assert benchmarking.verdict(benchmarking.ratio_interval([1.0] * 4, [2.0] * 4)) == "slower"
+  assert benchmarking.verdict(benchmarking.ratio_interval([1.0] * 7, [2.0] * 7)) == "slower"
+
+
+@pytest.mark.parametrize("rounds, coverage", [(3, 0.75), (4, 0.875), (5, 0.9375)])
+def test_three_to_five_rounds_give_their_range_with_its_coverage_and_no_verdict(rounds,
+                                                                               coverage):
+  """The range of n paired rounds covers the median ratio with probability 1 - 2 * 0.5**n:
+  below 6 rounds that is short of 95%, so the interval is called the range it is."""
+  ratios = [1.1, 1.3, 1.2, 1.4, 1.25][:rounds]
+  pair = benchmarking.ratio_interval([r * 2.0 for r in ratios], [2.0] * rounds)
+  assert (pair["ratio_low"], pair["ratio_high"]) == (min(ratios), max(ratios))
+  assert pair["confidence"] == coverage and pair["interval"] == f"range of {rounds} rounds"
+  assert benchmarking.verdict(pair) == "range only"
 
 
 @pytest.mark.parametrize("rounds", [1, 2])
@@ -102,7 +116,8 @@ def test_fewer_than_three_rounds_give_a_ratio_but_no_interval_and_no_verdict(rou
   assert benchmarking.ratio_text(4.0, None, None) == "4.00x (too few rounds for an interval)"
   assert benchmarking.ratio_text(1.5, 1.25, 1.75) == "1.50x [1.25, 1.75]"
   three = benchmarking.ratio_interval([4.0] * 3, [1.0] * 3)
-  assert (three["ratio_low"], three["ratio_high"]) == (4.0, 4.0)
+  assert (three["ratio_low"], three["ratio_high"], three["interval"]) == (
+      4.0, 4.0, "range of 3 rounds")
 
 
 def test_ratio_interval_refuses_unpaired_rounds():
@@ -130,7 +145,7 @@ def test_benchmarks_time_in_paired_rounds_with_an_interval(tmp_path, script, arg
   for r in records:
     assert r["speedup_low"] <= r["measured_speedup"] <= r["speedup_high"]
     assert r["rounds"] == 5 and r["dense_spread"] >= 1
-    assert r["verdict"] in ("faster", "slower", "within noise")
+    assert r["verdict"] == "range only"  # 5 rounds: their range, short of 95%
     assert r["of_ideal"] == pytest.approx(r["measured_speedup"] / r["ideal_speedup"])
 
 

@@ -92,9 +92,9 @@ def test_a_method_in_its_own_file_runs_through_pareto(example_method, tiny_folde
     assert (r["rounds"], r["speedup_low"], r["speedup_high"], r["verdict"]) == (
         1, None, None, "too few rounds")
   assert result["config"]["best_measured"] == []
-  # Every record is timed beside the faster dense path, chosen in 3 rounds at the start.
+  # Every record is timed beside the faster dense path, chosen in 6 rounds at the start.
   choice, best = result["config"]["best_dense_choice"], result["config"]["best_dense"]
-  assert choice["rounds"] == 3 and choice["speedup_low"] <= choice["kept_rows_over_xla"]
+  assert choice["rounds"] == 6 and choice["speedup_low"] <= choice["kept_rows_over_xla"]
   assert best == ("kept_rows_every_row_kept" if choice["verdict"] == "faster" else "xla")
   assert {r["beside"] for r in result["records"]} == {best}
   printed = capsys.readouterr().out

@@ -745,63 +745,46 @@ def test_decode_benchmark_measures_its_ceiling_and_times_gsi_beside_the_best_den
 
 
 def test_ci_time_is_the_build_notes():
-  """BUILD_NOTES: .ci/run on a fresh clone, 27.6 minutes in all (its targets 12.4, 7.4 and
-  7.8 minutes; the jax 0.11 install ran beside make test), under the 40-minute target."""
+  """BUILD_NOTES: .ci/run on a fresh clone, its targets' seconds and minutes in all (marked
+  there, tests/test_docs.py), under the 40-minute target; the earlier runs it compares."""
   r = load("benchmarks/ci_time.json")
   assert r["exit_status"] == 0 and r["commit"].startswith("2ccae1b")
   times = {t["target"]: t["wall_s"] for t in r["targets"]}
-  assert times == {"test": 744, "test-multiprocess": 443, "test-jax011": 467}
+  assert set(times) == {"test", "test-multiprocess", "test-jax011"}
   assert all(t["exit_status"] == 0 for t in r["targets"])
   # bash's SECONDS counts each target in whole seconds: up to 1 s over, each
-  assert round(r["wall_min"], 1) == 27.6 and r["wall_s"] >= sum(times.values()) - len(times)
-  assert [round(t / 60, 1) for t in times.values()] == [12.4, 7.4, 7.8]
-  assert r["wall_min"] <= 40
+  assert r["wall_s"] >= sum(times.values()) - len(times) and r["wall_min"] <= 40
   with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
     notes = " ".join(f.read().split())
-  assert ("commit 2ccae1b: `make test` 744 s (install included, the jax 0.11 install beside "
-          "it), `make test-multiprocess` 443 s, `make test-jax011` 467 s; 27.6 min in all"
-          ) in notes
-  assert f"moved the most ({round(100 * (1 - 443 / 870))}% less)" in notes  # 162ca48: 870 s
+  multiprocess = times["test-multiprocess"]
+  assert f"moved the most ({round(100 * (1 - multiprocess / 870))}% less)" in notes  # 162ca48
 
 
 def test_compile_flag_figures_are_the_build_notes():
   """BUILD_NOTES quotes compile_flags.json (the kernel's interpreted programs) and
   compile_flags_multiprocess.json (two tests of make test-multiprocess), as medians of
-  paired rounds with their intervals."""
+  paired rounds with their intervals (the figures are marked, tests/test_docs.py); what
+  it says of them holds in the JSON."""
   with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
     notes = " ".join(f.read().split())
-  text = lambda r: f"{r['ratio']:.2f}× [{r['ratio_low']:.2f}, {r['ratio_high']:.2f}]"
   programs = load("benchmarks/compile_flags.json")
-  assert f"compiles {text(programs['compile_speedup'])} faster" in notes
-  assert f"runs {text(programs['run_slowdown'])} slower" in notes
+  assert programs["compile_speedup"]["ratio_low"] > 1 and programs["run_slowdown"]["ratio_low"] > 1
+  assert programs["config"]["rounds"] == 5 and "5 paired rounds" in notes
   tests = load("benchmarks/compile_flags_multiprocess.json")
   assert tests["config"]["rounds"] == 3 and len(tests["config"]["tests"]) == 2
-  assert f"ran {text(tests['tests_speedup'])} faster" in notes
+  assert "the range of 3 paired rounds" in notes and tests["tests_speedup"]["ratio_low"] > 1
 
 
 def test_import_cost_figures_are_the_build_notes():
-  """BUILD_NOTES quotes import_cost.json where it says why the test extra pins ml_dtypes
-  below 0.7 (each version's median CPU seconds, 0.7.0's cost over 0.6.0) and why make
-  unsets PYTHONDONTWRITEBYTECODE (a script's imports from source and from bytecode), as
-  the Makefile does."""
-  with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
-    notes = " ".join(f.read().split())
+  """import_cost.json behind BUILD_NOTES (its figures are marked there, tests/test_docs.py)
+  and the Makefile: ml_dtypes 0.7.0 costs `import jax` more than 0.6.0, and a script's
+  imports cost more from source than from bytecode, each with its interval above 1."""
   r = load("benchmarks/import_cost.json")
   assert r["config"]["versions"] == ["0.7.0", "0.6.0"] and r["config"]["rounds"] == 9
-  cpu = r["median_cpu_s"]
-  c = r["cost_over_last"]["0.7.0"]["jax"]
-  assert (f"`import jax` took {cpu['0.7.0']['jax']:.2f} CPU s under ml_dtypes 0.7.0 and "
-          f"{cpu['0.6.0']['jax']:.2f} s under 0.6.0, {c['ratio']:.2f}× "
-          f"[{c['ratio_low']:.2f}, {c['ratio_high']:.2f}] (9 paired rounds") in notes
-  assert (f"`import ml_dtypes` alone took {cpu['0.7.0']['ml_dtypes']:.2f} and "
-          f"{cpu['0.6.0']['ml_dtypes']:.2f} s") in notes
-  assert c["ratio_low"] > 1  # the pin's reason holds in its own record
+  assert r["cost_over_last"]["0.7.0"]["jax"]["ratio_low"] > 1  # the pin's reason holds
   b = r["bytecode"]
   s = b["source_over_bytecode"]
   assert b["statement"] == "import gsi_jax, gsi_jax.experiment, transformers"
-  assert (f"took {b['median_cpu_s']['from_source']:.2f} CPU s that way and "
-          f"{b['median_cpu_s']['from_bytecode']:.2f} s from bytecode, {s['ratio']:.2f}× "
-          f"[{s['ratio_low']:.2f}, {s['ratio_high']:.2f}]") in notes
   with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
     assert f"imports took {s['ratio']:.2f}x the CPU" in " ".join(
         f.read().replace("#", " ").split())

@@ -13,7 +13,7 @@ import numpy as np
 
 from gsi_jax import distributed, metrics, peers, progress, sharding
 from gsi_jax.errors import GSIError
-from gsi_jax.benchmarking import (MIN_ROUNDS, decode_beside, decode_beside_each,
+from gsi_jax.benchmarking import (INTERVAL_ROUNDS, decode_beside, decode_beside_each,
                                   decode_tokens_per_s, ratio_text)
 from gsi_jax.methods.front import KEPT_ROWS_DENSE, XLA_DENSE
 from gsi_jax.metrics import bytes as mbytes
@@ -41,12 +41,13 @@ def every_row_kept(params):
 def best_dense(model, params, ids, n: int, rounds: int):
   """(name, (params, gate), choice): the faster dense decode of n tokens, XLA's dot or the
   kept-rows kernel keeping every row (KEPT_ROWS_DENSE where its interval over XLA's lies
-  above 1, in max(rounds, MIN_ROUNDS) paired rounds), to time methods beside; `choice` is
+  above 1, in max(rounds, INTERVAL_ROUNDS) paired rounds: a 95% interval), to time methods
+  beside; `choice` is
   that timing (`decode_beside`'s fields, and kept_rows_over_xla).  On CPU the kernel is
   faster, and a method timed beside XLA would count the kernel's own speed as skipping's."""
   kept_all, gate = every_row_kept(params)
   with progress.step("timing dense decode through XLA's dot and the kept-rows kernel"):
-    pair = decode_beside(model, ids, n, max(rounds, MIN_ROUNDS), kept_all, gate, params)
+    pair = decode_beside(model, ids, n, max(rounds, INTERVAL_ROUNDS), kept_all, gate, params)
   choice = {"kept_rows_over_xla": pair["measured_speedup"], **pair}
   name, tree = (KEPT_ROWS_DENSE, (kept_all, gate)) if pair["verdict"] == "faster" \
       else (XLA_DENSE, (params, None))
