@@ -6,7 +6,10 @@ A figure is marked by an HTML comment right after it (hidden when the Markdown r
 
 The comment names a JSON under results/, a field in it and how the figure is written.  The
 figure is the number just before the comment; up to three unit characters (×, %, …) may
-stand between them.  A field is dotted keys and list indices (`targets.0.wall_s`), a key with dots quoted
+stand between them.  A line may name one record for all its figures (a table row):
+`<!--@ pareto.json records{method=gsi;knob=k=128} -->` anywhere on it, and then
+`0.81<!--= .measured_speedup .2f -->` reads that record's field, and
+`0.66<!--= pareto_best_dense.json .over_best_dense .2f -->` the same record in another JSON.  A field is dotted keys and list indices (`targets.0.wall_s`), a key with dots quoted
 (`median_cpu_s.'0.7.0'.jax`); a list
 of objects is also indexed by the values of its keys (`records{method=gsi;knob=k=128}`:
 exactly one must match).  The format is Python's (`.2f`, `d`, `,d`), after an optional
@@ -23,7 +26,8 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ("README.md", "RESULTS.md", "BUILD_NOTES.md")
 MARKER = re.compile(r"(?P<figure>-?\d[\d,]*(?:\.\d+)?)(?P<unit>[^\s\d<>]{0,3})"
-                    r"<!--= (?P<path>\S+) (?P<field>\S+) (?P<format>\S+) -->")
+                    r"<!--= (?:(?P<path>\S+) )?(?P<field>\S+) (?P<format>\S+) -->")
+LINE_RECORD = re.compile(r"<!--@ (?P<path>\S+) (?P<record>\S+) -->")
 ANY_MARKER = re.compile(r"<!--=.*?-->", re.S)
 _FORMAT = re.compile(r"^(?:(?P<op>[*/])(?P<by>\d+(?:\.\d+)?)(?=[.,d]))?(?P<spec>[.,\d]*[df])$")
 _STEP = re.compile(r"(?:'(?P<quoted>[^']+)'|(?P<key>[^.{}']+))(?:\{(?P<match>[^{}]*)\})?")
@@ -44,11 +48,21 @@ class Figure:
 
 def figures(text: str, document: str) -> list[Figure]:
   """Every marked figure in `text`; a marker that follows no figure is an error."""
-  found, tied = [], set()
-  for m in MARKER.finditer(text):
-    tied.add(m.end("unit"))
-    line = text.count("\n", 0, m.start()) + 1
-    found.append(Figure(document, line, m["figure"], m["path"], m["field"], m["format"]))
+  found, tied, offset = [], set(), 0
+  for number, line in enumerate(text.split("\n"), 1):
+    record = LINE_RECORD.search(line)
+    for m in MARKER.finditer(line):
+      tied.add(offset + m.end("unit"))
+      path, field = m["path"], m["field"]
+      if field.startswith("."):  # the line's record
+        if record is None:
+          raise ValueError(f"{document}:{number}: {m.group(0)!r} reads the line's record, "
+                           "and the line names none (<!--@ PATH RECORD -->)")
+        path, field = path or record["path"], record["record"] + field
+      if path is None:
+        raise ValueError(f"{document}:{number}: {m.group(0)!r} names no JSON")
+      found.append(Figure(document, number, m["figure"], path, field, m["format"]))
+    offset += len(line) + 1
   stray = [text.count("\n", 0, m.start()) + 1 for m in ANY_MARKER.finditer(text)
            if m.start() not in tied]
   if stray:

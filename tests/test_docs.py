@@ -27,15 +27,18 @@ def copy_of_the_docs(tmp_path):
   return tmp_path
 
 
-def _first_marked(root):
+def _marked_in_a_table_row(root):
+  """README's text, a figure read through its line's record, and that figure's match."""
   text = (root / "README.md").read_text(encoding="utf-8")
-  return text, doc_figures.MARKER.search(text)
+  figure = next(f for f in doc_figures.figures(text, "README.md") if "{" in f.field)
+  line_start = sum(len(l) + 1 for l in text.split("\n")[:figure.line - 1])
+  m = next(m for m in doc_figures.MARKER.finditer(text, line_start) if m["field"].startswith("."))
+  return text, figure, m
 
 
 def test_a_changed_figure_fails(copy_of_the_docs):
-  text, m = _first_marked(copy_of_the_docs)
-  changed = str(float(m["figure"]) + 1).rstrip("0").rstrip(".") if "." in m["figure"] \
-      else str(int(m["figure"]) + 1)
+  text, _, m = _marked_in_a_table_row(copy_of_the_docs)
+  changed = str(round(float(m["figure"]) + 1, 6))
   (copy_of_the_docs / "README.md").write_text(
       text[:m.start("figure")] + changed + text[m.end("figure"):], encoding="utf-8")
   _, wrong = doc_figures.problems(str(copy_of_the_docs))
@@ -43,15 +46,16 @@ def test_a_changed_figure_fails(copy_of_the_docs):
 
 
 def test_a_changed_json_field_or_a_missing_json_fails(copy_of_the_docs):
-  _, m = _first_marked(copy_of_the_docs)
-  path = copy_of_the_docs / "results" / m["path"]
+  _, figure, _ = _marked_in_a_table_row(copy_of_the_docs)
+  path = copy_of_the_docs / "results" / figure.path
   data = json.loads(path.read_text())
-  steps = doc_figures._split_field(m["field"])
-  holder = doc_figures.lookup(data, ".".join(steps[:-1])) if len(steps) > 1 else data
+  steps = doc_figures._split_field(figure.field)
+  holder = doc_figures.lookup(data, ".".join(steps[:-1]))
   holder[steps[-1]] = holder[steps[-1]] * 1.5 + 1
   path.write_text(json.dumps(data))
   _, wrong = doc_figures.problems(str(copy_of_the_docs))
-  assert wrong and all(m["path"] in w for w in wrong)
+  assert wrong and all(figure.path in w for w in wrong)
+  assert any(f"{figure.document}:{figure.line}:" in w for w in wrong)
   path.unlink()
   _, wrong = doc_figures.problems(str(copy_of_the_docs))
   assert wrong and all("no such JSON" in w for w in wrong)
@@ -60,6 +64,11 @@ def test_a_changed_json_field_or_a_missing_json_fails(copy_of_the_docs):
 def test_a_marker_after_no_figure_or_a_missing_field_fails():
   with pytest.raises(ValueError, match="lines \\[2\\]"):
     doc_figures.figures("a 1.5<!--= x.json a .2f -->\nno figure <!--= x.json a .2f -->", "D")
+  with pytest.raises(ValueError, match="names none"):
+    doc_figures.figures("a 1.5<!--= .a .2f -->", "D")
+  row = "| <!--@ x.json r{m=b} -->b | 3.0<!--= .v .1f --> | 4<!--= y.json .w d --> |"
+  assert [(f.path, f.field) for f in doc_figures.figures(row, "D")] == [
+      ("x.json", "r{m=b}.v"), ("y.json", "r{m=b}.w")]
   with pytest.raises(KeyError, match="2 items match"):
     doc_figures.lookup({"r": [{"m": "a"}, {"m": "a"}]}, "r{m=a}")
   assert doc_figures.lookup({"r": [{"m": "a", "k": "x=1,y=2"}, {"m": "b", "v": 3}]},
