@@ -368,9 +368,11 @@ def test_decode_benchmark_times_points_beside_dense_and_profiles_them(tiny_folde
   assert r["best_dense"] == ("kept_rows_every_row_kept" if r["kept_all"]["verdict"] == "faster"
                              else "xla")
   assert r["gsi"][0]["beside"] == r["best_dense"]
-  for point in (r["gsi"][0], r["kept_all"], r["cats_all"]):
+  # The choice of dense takes 6 rounds at least (a 95% interval); the points --repeats.
+  for point, rounds in ((r["gsi"][0], 3), (r["kept_all"], 6), (r["cats_all"], 3)):
     assert point["speedup_low"] <= point["measured_speedup"] <= point["speedup_high"]
-    assert point["rounds"] == 3 and point["tokens_per_s"] > 0 and point["dense_tokens_per_s"] > 0
+    assert point["rounds"] == rounds and point["tokens_per_s"] > 0
+    assert point["dense_tokens_per_s"] > 0
   profiles = (r["dense_profile"], r["gsi"][0]["profile"], r["kept_all"]["profile"],
               r["cats_all"]["profile"])
   # Dense runs no conditional; GSI at eps > 0 one at each of its 8 sites a token, the switch

@@ -137,10 +137,11 @@ def test_results_section_14_2_is_the_jsons():
 
 
 def test_readme_quotes_the_counts():
+  """README gives each program's kernels a token (marked, tests/test_docs.py) and calls
+  GSI at eps = 0 dense's program, which the counts bear out."""
   with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
     readme = " ".join(f.read().split())
   one = {r["program"]: r for r in committed()["records"] if r["batch"] == 1}
-  ratio = lambda p: f"{one[p]['kernels_with_larger_branches_over_dense']:.2f}×"
-  assert (f"GSI at ε = 0 is dense's program, static {ratio('gsi_static')} dense's kernels, "
-          f"gated {ratio('gsi_gated')} (RESULTS §14.2)") in readme
+  assert "(dense's program)" in readme
   assert one["gsi_eps0"]["kernels"] == one["dense"]["kernels"]
+  assert one["gsi_eps0"]["conditionals"] == one["gsi_gated"]["conditionals"] == 0

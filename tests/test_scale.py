@@ -264,9 +264,10 @@ def test_memory_plan_models_what_a_process_reads():
 @pytest.mark.parametrize("args, message", [
     (["--fit_on=results/benchmarks/scale-gptj-6b-4-layers-2-processes.json"],
      "fitted on a one-process run"),
-    (["--check=results/benchmarks/nothing.json"], "nothing.json: no such file"),
+    (["--check=results/benchmarks/nothing.json"], "--check: text file not found: "
+                                                  "results/benchmarks/nothing.json"),
     (["--check=results/quality_table.json"], "not a benchmarks/scale.py record"),
-    (["--check=README.md"], "not readable JSON"),
+    (["--check=README.md"], "--check: README.md is not JSON"),
     (["--shapes=opt-1t"], "--shapes: unknown shape 'opt-1t'"),
     (["--hosts=0"], "--hosts must be a positive whole number"),
 ])
