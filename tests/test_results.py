@@ -388,9 +388,9 @@ def test_dense_equivalents_profiled_beside_dense():
 
 
 def test_kept_rows_kernel_timed_alone_on_the_xeon():
-  """RESULTS §11.4: on the Intel Xeon, timed alone, the kernel reads 0.49-0.74 of the byte
-  ideal, XLA's ways 0.23-0.46, the kept dots 0.51-0.80; with every row kept it is slower than
-  dense on two threads and as fast or faster on one."""
+  """RESULTS §11.4: on the Intel Xeon with 503 MB of L3, timed alone, the kernel reads
+  0.49-0.74 of the byte ideal, XLA's ways 0.23-0.46, the kept dots 0.51-0.80; with every row
+  kept it is slower than dense on two threads (0.69x, 0.64x) and 1.00x and 1.04x on one."""
   result = load("benchmarks/sparse_rows_xeon.json")
   records = result["records"]
   assert "Xeon" in result["run"]["cpu"] and round(result["run"]["wall_s"]) == 1144
@@ -517,8 +517,8 @@ def test_gated_map_alone_against_its_byte_ideal():
 
 
 def test_linear_benchmark_lands_on_its_byte_ideal_three_runs_in_a_row():
-  """BUILD_NOTES, benchmarks: f = 1 within [0.8, 1.15] of the byte ideal and f = 0 at
-  >= 0.9x dense in each of three runs of the same command."""
+  """RESULTS §11.1's repeat runs (their figures marked there): f = 1 within [0.8, 1.15] of
+  the byte ideal and f = 0 at >= 0.9x dense in each of three runs of the same command."""
   for i in (1, 2, 3):
     slow, fast = load(f"benchmarks/linear_repeat_{i}.json")["records"]
     assert (slow["fast_share"], fast["fast_share"]) == (0.0, 1.0)
