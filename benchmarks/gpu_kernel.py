@@ -11,7 +11,8 @@ Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
            it (read + write), each the median of --repeats by wall clock and, on a GPU,
            by the kernels' own device time from a profiler trace; the largest is the
            ceiling every other figure is divided by (a nominal peak is not what a chip
-           reaches); and the launch floor, a kernel that does nothing, per call;
+           reaches); and the launch floor, per call of 64 dependent one-block calls (a
+           Pallas kernel, an XLA fusion) in one command buffer, as a decode's run;
   correct  `gated_matmul` against `gated_matmul_reference` (Precision.HIGHEST) at --maps,
            k = --k, in float32 and bfloat16, 1, 16 and 256 tokens, all slow, mixed and all
            fast: the largest error over the largest output, against kernel.TOLERANCE;
@@ -46,10 +47,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from jax.experimental import pallas as pl
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (device_event_seconds, interval_fields, median_seconds,
+from gsi_jax.benchmarking import (LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS, chained_calls,
+                                  device_event_seconds, interval_fields, median_seconds,
                                   ratio_text, read_ceiling, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kept_kernel, kernel, tiling
@@ -148,25 +149,21 @@ def ceiling(c: KernelBenchConfig) -> dict:
           "launch_floor": launch_floor(c)}
 
 
-def _empty_kernel(o_ref):
-  o_ref[...] = jnp.zeros_like(o_ref)
-
-
 def launch_floor(c: KernelBenchConfig) -> dict:
-  """What a call costs when it does nothing: a Pallas kernel of one program that stores
-  eight floats, called c.inner × 8 times in one program, per call by wall clock and by
-  device events (`device_event_seconds`)."""
-  calls = 8 * c.inner
-  call = pl.pallas_call(_empty_kernel, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
-                        interpret=device_platform() == "cpu", name="gsi_empty")
-
-  @jax.jit
-  def run():
-    return jax.lax.fori_loop(0, calls, lambda _, acc: acc + call(), jnp.zeros((8,)))
-  fn = lambda: run().block_until_ready()
-  device = device_event_seconds(fn)
-  return {"calls": calls, "wall_us": 1e6 * median_seconds(fn, c.repeats) / calls,
-          "device_us": None if device["device_s"] is None else 1e6 * device["device_s"] / calls}
+  """What a call costs when it does next to nothing, inside one command buffer as a
+  decode's calls are: LAUNCH_FLOOR_CALLS dependent one-block calls (a Pallas kernel, and an
+  XLA fusion) per call, by wall clock and by device events (`device_event_seconds`)."""
+  x_8 = jnp.zeros((8,), jnp.float32)
+  floor = {"calls": LAUNCH_FLOOR_CALLS}
+  for kind in LAUNCH_FLOOR_KINDS:
+    run = chained_calls(kind, interpret=device_platform() == "cpu")
+    fn = lambda: run(x_8).block_until_ready()  # noqa: E731
+    device = device_event_seconds(fn)
+    floor[kind] = {
+        "wall_us": 1e6 * median_seconds(fn, c.repeats) / LAUNCH_FLOOR_CALLS,
+        "device_us": None if device["device_s"] is None
+        else 1e6 * device["device_s"] / LAUNCH_FLOOR_CALLS}
+  return floor
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):

@@ -12,8 +12,10 @@ Each record: kernels a token (always run, and with the larger branch of every co
 conditionals, command buffers, kernels by kind, the ratio to dense at the same batch,
 compile seconds.  `check` holds each program's counts at --check_layers blocks and one
 sequence, which tests/test_gpu_launches.py compiles again: a change to the code that moves
-a count fails it until this JSON is written anew.  The JSON is rewritten after each
-program, "complete": false until the last.
+a count fails it until this JSON is written anew.  `launch_floor`: the launch floor's
+programs (`benchmarking.chained_calls`, which gpu_kernel.py times on a GPU), each one command
+buffer holding all its calls.  The JSON is rewritten after each program, "complete": false
+until the last.
 """
 
 import dataclasses
@@ -25,6 +27,7 @@ import time
 from absl import flags
 
 from gsi_jax import cli, experiment
+from gsi_jax.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
 from gsi_jax.errors import GSIError
 from gsi_jax.gpu import launches
 from gsi_jax.models import ModelConfig
@@ -76,15 +79,22 @@ def main(argv):
                    tuple(_PROGRAMS.value), experiment.check_output_path(_OUT.value))
   launches.compile_only_mesh()  # the plugin and the toolkit, before any compile
   launches.cuda_data_dir()
-  records, check = [], []
+  records, check, floor = [], [], {"calls": LAUNCH_FLOOR_CALLS}
 
   def write(complete: bool):
     experiment.write_json(c.out, {
         "what": "compiled on a CPU for an H200 by XLA's GPU pipeline, not run",
         "shape": "gptj-6b", "dtype": "bfloat16", "layers": c.layers,
-        "plugin": list(launches.PLUGIN), "records": records,
+        "plugin": list(launches.PLUGIN), "launch_floor": floor, "records": records,
         "check": {"layers": c.check_layers, "batch": 1, "records": check}},
         partial=not complete)
+
+  for kind in LAUNCH_FLOOR_KINDS:
+    with tempfile.TemporaryDirectory() as dump:
+      floor[kind] = launches.launch_floor_buffers(kind, dump)
+    logging.info("launch floor, %s: %d command buffer(s) of %s kernels, %d outside", kind,
+                 floor[kind]["command_buffers"], floor[kind]["kernels_in_buffers"],
+                 floor[kind]["kernels_outside"])
 
   for batch in c.batches:
     for name in (["dense"] + [p for p in c.programs if p != "dense"]):

@@ -155,6 +155,38 @@ def read_ceiling(n_bytes: int, repeats: int) -> dict:
   return {"bytes": 4 * n, **rates, "ceiling_gb_s": rates[source], "ceiling_source": source}
 
 
+# The launch floor's calls: one command buffer (CUDA graph) on a GPU, as a decode runs in
+# one, where XLA's smallest is 5 kernels.
+LAUNCH_FLOOR_CALLS = 64
+LAUNCH_FLOOR_KINDS = ("pallas", "xla")
+
+
+def _add_one(x_ref, o_ref):
+  o_ref[...] = x_ref[...] + 1.0
+
+
+def chained_calls(kind: str, calls: int = LAUNCH_FLOOR_CALLS, interpret: bool = False):
+  """The launch floor's program, a function of 8 floats: `calls` dependent one-block calls,
+  unrolled in one jit so that a GPU runs them as one command buffer, as it runs a decoded
+  token's kernels (a loop would time a host launch and a loop condition per call instead).
+  'pallas': a Pallas kernel that adds one; 'xla': an XLA fusion, with an optimization
+  barrier after each so that no two fuse."""
+  if kind == "pallas":
+    from jax.experimental import pallas as pl
+    step = pl.pallas_call(_add_one, out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+                          interpret=interpret, name="gsi_floor")
+  elif kind == "xla":
+    step = lambda x_8: jax.lax.optimization_barrier(x_8 * 1.000001 + 1.0)  # noqa: E731
+  else:
+    raise GSIError(f"unknown launch-floor kind {kind!r}; one of {', '.join(LAUNCH_FLOOR_KINDS)}")
+
+  def run(x_8):
+    for _ in range(calls):
+      x_8 = step(x_8)
+    return x_8
+  return jax.jit(run)
+
+
 def _traced(fn, runs: int, folder: str | None = None) -> tuple[list[dict], float]:
   """The events of a jax.profiler trace of `runs` calls of fn (compiled and warmed up
   outside it), written under `folder` (a temporary one by default), and the traced

@@ -39,7 +39,8 @@ def test_dry_run_passes_every_step(tmp_path):
   assert all(step["passed"] for step in s["steps"].values()), s["steps"]
   assert s["ceiling_gb_s"] == max(s["ceiling"]["reduce_gb_s"], s["ceiling"]["copy_gb_s"]) > 0
   assert s["ceiling"]["reduce_device_gb_s"] is None  # a CPU's trace has no device stream
-  assert s["ceiling"]["launch_floor"]["wall_us"] > 0
+  floor = s["ceiling"]["launch_floor"]
+  assert floor["calls"] == 64 and all(floor[kind]["wall_us"] > 0 for kind in ("pallas", "xla"))
   c = s["correctness"]
   assert c["cases"] == c["passed"] == 18 and not c["failed"]
   assert c["tolerance"] == {d.name: TOLERANCE[d] for d in map(jnp.dtype, ("float32", "bfloat16"))}

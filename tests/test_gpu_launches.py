@@ -47,6 +47,29 @@ def test_a_tokens_launches_are_the_while_bodys_thunks():
   assert got.by_kind == {"gemm": 2, "pallas": 1, "reduction": 2, "wrapped elementwise": 1}
 
 
+def test_a_command_buffers_kernels_are_its_indented_thunks():
+  text = ("000: kCommandBuffer [source | sink]\n"
+          "    001: kCustomKernel [source | next=002 (1)] gsi_floor grid: [1, 1, 1]\n"
+          "    002: kCustomKernel [prev=001 (1) | sink] gsi_floor grid: [1, 1, 1]\n"
+          "003: kCopy  [source | sink] kCopy\n"
+          "004: kCommandBuffer [source | sink]\n"
+          "    005: kCustomKernel [source | sink] loop_add_fusion grid: [1, 1, 1]\n")
+  assert launches.command_buffers(text) == (
+      [["gsi_floor", "gsi_floor"], ["loop_add_fusion"]], ["kCopy"])
+
+
+def test_the_launch_floor_is_one_command_buffer_of_every_call():
+  """The committed compile: each launch-floor program (a Pallas kernel, an XLA fusion) runs
+  its LAUNCH_FLOOR_CALLS calls as one CUDA graph, as a decode's kernels run, and launches
+  nothing outside it (a loop would have timed a host launch and a condition per call)."""
+  from gsi_jax.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
+  floor = committed()["launch_floor"]
+  assert floor["calls"] == LAUNCH_FLOOR_CALLS
+  for kind in LAUNCH_FLOOR_KINDS:
+    assert floor[kind] == {"command_buffers": 1, "kernels_in_buffers": [LAUNCH_FLOOR_CALLS],
+                           "kernels_outside": 0}, kind
+
+
 def test_a_program_without_a_loop_is_refused():
   with pytest.raises(launches.GSIError, match="no while loop"):
     launches.while_body_launches(SEQUENCE.split("003: kWhile")[0])
@@ -99,7 +122,9 @@ def test_the_small_programs_launch_what_the_committed_run_counted(tmp_path):
       env={**os.environ, "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([XLA_GPU, ROOT])})
   assert proc.returncode == 0, proc.stderr[-3000:]
-  fresh = {r["program"]: r for r in json.loads(out.read_text())["records"]}
+  written = json.loads(out.read_text())
+  assert written["launch_floor"] == committed()["launch_floor"]
+  fresh = {r["program"]: r for r in written["records"]}
   for want in check["records"]:
     got = fresh[want["program"]]
     for key in ("kernels", "kernels_with_larger_branches", "conditionals", "by_kind"):

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -121,11 +122,15 @@ def _launcher(tiny_folder, tmp_path, phase="calibration"):
        "tests.multiprocess", *_holding(tiny_folder, tmp_path, phase)], cwd=ROOT, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
       env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable})
+  # Never wait forever: a run that does not reach `phase` is ended, and its EOF fails here.
+  stuck = threading.Timer(240, lambda: os.killpg(proc.pid, signal.SIGKILL))
+  stuck.start()
   holding = 0
   while holding < 2:
     line = proc.stdout.readline()
     assert line, proc.stderr.read()[-3000:]
-    holding += line.startswith(f"holding at {phase}")
+    holding += line.count(f"holding at {phase}")  # a runtime line may precede it unended
+  stuck.cancel()
   return proc
 
 

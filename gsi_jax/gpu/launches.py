@@ -24,6 +24,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
+from gsi_jax.benchmarking import chained_calls
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.transform import gsi_shapes
 from gsi_jax.loading.load import param_shapes
@@ -101,26 +102,29 @@ def program(config: ModelConfig, name: str, k: int = 256):
   return gsi_shapes(dense, k), gates[name]
 
 
+def compile_for_h200(fn, args, dump_dir: str):
+  """Compile fn at args (shapes) for the compile-only H200, its thunks dumped in dump_dir."""
+  replicated = jax.sharding.NamedSharding(compile_only_mesh(), jax.sharding.PartitionSpec())
+  placed = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated),
+                        args)
+  with pallas_lowers_for_h200():
+    lowered = jax.jit(fn).trace(*placed).lower()
+  return lowered.compile(compiler_options={"xla_dump_to": dump_dir,
+                                           "xla_gpu_cuda_data_dir": cuda_data_dir()})
+
+
 def compile_generate(config: ModelConfig, name: str, batch: int, dump_dir: str,
                      prompt_len: int = 16, new_tokens: int = 32, k: int = 256):
   """Compile `_generate` of one program for the compile-only H200, its thunks dumped."""
-  mesh = compile_only_mesh()
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  placed = lambda tree: jax.tree.map(
-      lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), tree)
   params, gate = program(config, name, k)
   gate = decode_gate(params, gate)  # as Model.generate decides it
   module = Decoder(config, jnp.bfloat16)
-  args = (placed(params), placed(jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)),
-          placed(jax.ShapeDtypeStruct((), jnp.int32)), placed(gate),
-          placed(jax.ShapeDtypeStruct((0,), jnp.int32)),
-          placed(jax.ShapeDtypeStruct((batch, new_tokens), jnp.int32)))
+  args = (params, jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32),
+          jax.ShapeDtypeStruct((), jnp.int32), gate, jax.ShapeDtypeStruct((0,), jnp.int32),
+          jax.ShapeDtypeStruct((batch, new_tokens), jnp.int32))
   generate = lambda p, ids, n, g, eos, expected: _generate(module, p, ids, n, g, new_tokens,
                                                             eos, expected)
-  with pallas_lowers_for_h200():
-    lowered = jax.jit(generate).trace(*args).lower()
-  return lowered.compile(compiler_options={"xla_dump_to": dump_dir,
-                                           "xla_gpu_cuda_data_dir": cuda_data_dir()})
+  return compile_for_h200(generate, args, dump_dir)
 
 
 _THUNK = re.compile(r"^(\s*)\d+: (\w+)\s+\[[^\]]*\]\s*(\S*)")
@@ -206,6 +210,38 @@ def while_body_launches(text: str) -> Launches:
       always += 1
     by_kind[kernel_kind(name or kind)] += 1
   return Launches(always, len(branches), branches, buffers, dict(sorted(by_kind.items())))
+
+
+def command_buffers(text: str) -> tuple[list[list[str]], list[str]]:
+  """(the kernels of each top-level command buffer, the kernels outside any) of a program
+  without a loop: what a GPU runs as one CUDA graph each, and what it launches one by one."""
+  buffers: list[list[str]] = []
+  outside: list[str] = []
+  for line in text.splitlines():
+    thunk = _THUNK.match(line)
+    if not thunk:
+      continue
+    indent, kind, name = len(thunk.group(1)), thunk.group(2), thunk.group(3)
+    if kind == "kCommandBuffer" and indent == 0:
+      buffers.append([])
+    elif kind not in STRUCTURE:
+      (buffers[-1] if indent > 0 and buffers else outside).append(name or kind)
+  return buffers, outside
+
+
+def launch_floor_buffers(kind: str, dump_dir: str) -> dict:
+  """The launch floor's program (`benchmarking.chained_calls`) compiled for the H200: how
+  many command buffers, the kernels in each and outside."""
+  compile_for_h200(chained_calls(kind), (jax.ShapeDtypeStruct((8,), jnp.float32),), dump_dir)
+  # After the thunk passes (the command-buffer conversion among them), where they ran.
+  dumped = glob.glob(os.path.join(dump_dir, "*thunk_sequence_after_thunk_passes.txt")) or \
+      glob.glob(os.path.join(dump_dir, "*thunk_sequence.txt"))
+  if len(dumped) != 1:
+    raise GSIError(f"{dump_dir} holds {len(dumped)} thunk sequences, not one")
+  with open(dumped[0], encoding="utf-8") as f:
+    buffers, outside = command_buffers(f.read())
+  return {"command_buffers": len(buffers), "kernels_in_buffers": [len(b) for b in buffers],
+          "kernels_outside": len(outside)}
 
 
 def dumped_launches(dump_dir: str) -> Launches:
