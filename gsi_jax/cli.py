@@ -8,9 +8,9 @@ before it writes its outputs.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import os
-import _thread
 import signal
 import sys
 import threading

@@ -42,8 +42,7 @@ def best_dense(model, params, ids, n: int, rounds: int):
   """(name, (params, gate), choice): the faster dense decode of n tokens, XLA's dot or the
   kept-rows kernel keeping every row (KEPT_ROWS_DENSE where its interval over XLA's lies
   above 1, in max(rounds, INTERVAL_ROUNDS) paired rounds: a 95% interval), to time methods
-  beside; `choice` is
-  that timing (`decode_beside`'s fields, and kept_rows_over_xla).  On CPU the kernel is
+  beside; `choice` is that timing (`decode_beside`'s fields, and kept_rows_over_xla).  On CPU the kernel is
   faster, and a method timed beside XLA would count the kernel's own speed as skipping's."""
   kept_all, gate = every_row_kept(params)
   with progress.step("timing dense decode through XLA's dot and the kept-rows kernel"):
