@@ -21,9 +21,11 @@ Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
            decided per token before it; thresholds per token of ∞ or 0 set the share),
            one program of --inner rounds over copies of W, and of (V_k, M), that each
            exceed 4x --cache_mb (every call reads them from HBM); dense x @ W over the same
-           copies in alternation, paired rounds, the median ratio and its bootstrap 95%
-           interval (`benchmarking`), each side's device time per call where the device
-           keeps events, and a byte ideal that counts V_k;
+           copies in alternation, paired rounds, the median ratio and its interval
+           (`benchmarking`), each side's device time per call where the device keeps
+           events, and a byte ideal that counts V_k; the calls share x (a throughput), and
+           an all-fast call is timed again as a chain of sites (`dependent`: each call's x
+           waits for the whole output of the one before, split sum included: a latency);
   tiles    the same timing at 1 token, all slow and all fast, at the first map, for each
            --tiles decode plan (block_o x block_d x warps, the reduction split as the
            platform's decode plan splits it);
@@ -225,18 +227,29 @@ def _dense(x, *rest):
   return x @ rest[-1]
 
 
-def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense) -> dict:
+def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense,
+            dependent: bool = False) -> dict:
   """Paired rounds of call(*fixed, *copy) and dense(*fixed, *copy), each one program of
   c.inner passes over the same copies, and each one's device time per pass
-  (`device_event_seconds`, None where the device keeps no events)."""
+  (`device_event_seconds`, None where the device keeps no events).  Independent calls
+  share x, so XLA may run their work once and overlap them, and each reads 8 outputs: a
+  throughput.  `dependent`: each call's x waits on the whole output of the call before
+  (its sum, scaled to nothing, added to x), as a model's next site waits: a latency."""
   def passes(product):
     @jax.jit
     def run(fixed, copies):
       def body(_, acc):
+        x, *rest = fixed
         for copy in copies:
-          acc = acc + product(*fixed, *copy)[0, :8].astype(jnp.float32)
+          y = product(x, *rest, *copy).astype(jnp.float32)
+          if dependent:
+            total = jnp.sum(y)
+            acc, x = acc + total, x + (total * 1e-30).astype(x.dtype)
+          else:
+            acc = acc + y[0, :8]
         return acc
-      return jax.lax.fori_loop(0, c.inner, body, jnp.zeros((8,), jnp.float32))
+      start = jnp.zeros((), jnp.float32) if dependent else jnp.zeros((8,), jnp.float32)
+      return jax.lax.fori_loop(0, c.inner, body, start)
     return lambda: run(fixed, copies).block_until_ready()
 
   base, other = passes(dense), passes(call)
@@ -265,8 +278,10 @@ def _row(c: KernelBenchConfig, pair: dict, d: int, out: int, copies: int, kernel
           "compile_s": {"dense": pair["base_compile_s"], "kernel": pair["other_compile_s"]}}
 
 
-def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float, plan=None):
-  """Paired rounds of a gated site's call, g = x V_k and the kernel, and dense x @ W.
+def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float, plan=None,
+                dependent: bool = False):
+  """Paired rounds of a gated site's call, g = x V_k and the kernel, and dense x @ W
+  (`dependent`: as a chain of sites, `_paired`).
 
   Every array a call reads is cache-cold: W in copies that together exceed 4x the
   cache, and (V, M) in copies of their own that do too; copy i takes W i mod its count
@@ -289,12 +304,14 @@ def _timed_pair(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
     on = "cuda" if platform == "cpu" else platform
     call = lambda *a: kernel.gated_matmul_on(on, *a, plan=plan, interpret=platform == "cpu")
   pair = _paired(c, (x, eps), copies_of,
-                 lambda x, eps, V, M, W: call(x, x @ V, eps, [M], [W])[0][0])
+                 lambda x, eps, V, M, W: call(x, x @ V, eps, [M], [W])[0][0],
+                 dependent=dependent)
   lay = tiling.layout(plan or tiling.plan_for("cuda" if platform == "cpu" else platform, tokens),
                       tokens, d, c.k, out)
   kernel_bytes = (tiling.weight_elements_read(lay, np.asarray(fast)) + d * c.k) * dtype.itemsize
   return _row(c, pair, d, out, copies, kernel_bytes, k=c.k, tokens=tokens,
-              fast_share=float(jnp.mean(fast)), v_bytes=d * c.k * dtype.itemsize)
+              fast_share=float(jnp.mean(fast)), v_bytes=d * c.k * dtype.itemsize,
+              dependent=dependent)
 
 
 def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: float,
@@ -326,17 +343,20 @@ def _timed_kept(c: KernelBenchConfig, d: int, out: int, tokens: int, share: floa
 
 
 def timing(c: KernelBenchConfig):
-  """Yields the kernel's calls beside dense, one map, token count and fast share at a time."""
+  """Yields the kernel's calls beside dense, one map, token count and fast share at a time;
+  an all-fast call also as a chain of dependent sites (`_paired`), whose whole output each
+  next call waits for."""
   for d, out in c.maps:
     for tokens in c.tokens:
       for share in sorted({round(f * tokens) / tokens for f in c.fast_shares}):
-        r = _timed_pair(c, d, out, tokens, share)
-        logging.info("d=%d O=%d %d tokens f=%.2f: kernel %.1f us (%.0f GB/s), dense %.1f us,"
-                     " %s (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
-                     r["kernel_us"], r["kernel_gb_s"], r["dense_us"],
-                     ratio_text(r["speedup"], r["speedup_low"], r["speedup_high"]),
-                     r["byte_ideal_speedup"])
-        yield r
+        for dependent in (False, True) if share == 1 else (False,):
+          r = _timed_pair(c, d, out, tokens, share, dependent=dependent)
+          logging.info("d=%d O=%d %d tokens f=%.2f%s: kernel %.1f us (%.0f GB/s), dense "
+                       "%.1f us, %s (byte ideal %.2fx)", d, out, tokens, r["fast_share"],
+                       ", dependent" if dependent else "", r["kernel_us"], r["kernel_gb_s"],
+                       r["dense_us"], ratio_text(r["speedup"], r["speedup_low"],
+                                                 r["speedup_high"]), r["byte_ideal_speedup"])
+          yield r
 
 
 def tiles(c: KernelBenchConfig):

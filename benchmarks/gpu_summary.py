@@ -83,9 +83,9 @@ def kernel_rows(timed: dict, ceiling) -> list | dict:
     return timed
   keys = ("d", "out", "tokens", "kernel_us", "dense_us", "kernel_gb_s", "dense_gb_s",
           "byte_ideal_speedup", "verdict")
-  optional = ("kernel", "k", "fast_share", "keep_share", "rows_read", "relative_error",
-              "passed", "block_o", "block_d", "num_warps", "kernel_device_us",
-              "dense_device_us")
+  optional = ("kernel", "k", "fast_share", "dependent", "keep_share", "rows_read",
+              "relative_error", "passed", "block_o", "block_d", "num_warps",
+              "kernel_device_us", "dense_device_us")
   rows = []
   for part in ("timing", "tiles", "kept"):
     for r in timed.get(part, []):

@@ -45,8 +45,10 @@ def test_dry_run_passes_every_step(tmp_path):
   assert c["cases"] == c["passed"] == 18 and not c["failed"]
   assert c["tolerance"] == {d.name: TOLERANCE[d] for d in map(jnp.dtype, ("float32", "bfloat16"))}
   calls = s["kernel_calls"]
-  assert [(r["tokens"], r["fast_share"]) for r in calls] == [
-      (1, 0.0), (1, 1.0), (2, 0.0), (2, 0.5), (2, 1.0)]  # 0.5 of one token rounds to 0
+  # 0.5 of one token rounds to 0; each all-fast call again as a chain of dependent sites
+  assert [(r["tokens"], r["fast_share"], r["dependent"]) for r in calls] == [
+      (1, 0.0, False), (1, 1.0, False), (1, 1.0, True), (2, 0.0, False), (2, 0.5, False),
+      (2, 1.0, False), (2, 1.0, True)]
   kept = s["kept_calls"]
   shares = [(1, False), (1, True), (1, True), (2, False), (2, True), (2, True)]
   assert [(r["kernel"], r["tokens"], r["keep_share"] > 0) for r in kept] == [
