@@ -14,7 +14,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from typing import Callable
 
@@ -34,23 +33,38 @@ def fail(message: str) -> None:
 
 
 INTERRUPTED_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}  # the shell's 128 + signal
-_interrupted = threading.Event()
+_interrupted = threading.Event()  # a signal came
+_interrupt_taken = threading.Event()  # the run has reached its interrupted ending
+_redelivering = threading.Event()  # the handler's next call is the interrupt raised again
 _interrupt_status = [130]
-_interrupt_signum = [signal.SIGINT]
+REDELIVER_S = 0.5
 
 
 def _interrupt(signum, frame):
   """The first SIGINT or SIGTERM interrupts the main thread; a second one ends the process
   at once (as a second Ctrl-C does), for a run that does not get to its interrupted line."""
   del frame
+  if _redelivering.is_set():
+    _redelivering.clear()
+    raise KeyboardInterrupt
   if _interrupted.is_set():
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return
   _interrupted.set()
   _interrupt_status[0] = INTERRUPTED_STATUS[signum]
-  _interrupt_signum[0] = signum
+  threading.Thread(target=_raise_until_taken, args=(signum,), daemon=True).start()
   raise KeyboardInterrupt
+
+
+def _raise_until_taken(signum: int) -> None:
+  """The interrupt raised again every REDELIVER_S until the run takes it.  A signal
+  handler's exception can land where it is lost: inside a gc callback or a finalizer (jax
+  runs one at every collection), where Python only reports it, or in native code that
+  drops it; the run would go on as if never interrupted."""
+  while not _interrupt_taken.wait(REDELIVER_S):
+    _redelivering.set()
+    _thread.interrupt_main(signum)
 
 
 def handle_signals(restore: bool) -> None:
@@ -78,23 +92,13 @@ def _parse(argv):
     fail(str(e))
 
 
-def _interrupt_again(signum: int) -> None:
-  time.sleep(0.05)
-  _thread.interrupt_main(signum)
-
-
 def _unraisable(hook):
-  """The interrupt re-raised where Python can only report it: a signal handler's exception
-  raised inside a gc callback or a finalizer (jax runs one at every collection) is
-  "ignored" there, and the run would go on as if never interrupted.  And orbax's
-  background thread can report "Event loop is closed" once a restore has ended (seen after
-  restoring damaged checkpoints): harmless, and not the user's error."""
+  """Python's report of an exception it could not raise, less two that are not the user's
+  concern: the interrupt, lost inside a gc callback or a finalizer (`_raise_until_taken`
+  raises it again), and orbax's background thread's "Event loop is closed" once a restore
+  has ended (seen after restoring damaged checkpoints)."""
   def filtered(unraisable):
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and _interrupted.is_set():
-      # The handler runs again as for a first signal once this hook has returned, from a
-      # thread that does not wait to start: raised in here, it would be ignored again.
-      _interrupted.clear()
-      _thread.start_new_thread(_interrupt_again, (_interrupt_signum[0],))
       return
     if not (isinstance(unraisable.exc_value, RuntimeError)
             and "Event loop is closed" in str(unraisable.exc_value)):
@@ -204,6 +208,7 @@ def run(main: Callable, one_process: str | None = None) -> None:
           traceback.print_exc()
         distributed.leave(1)
     except KeyboardInterrupt:
+      _interrupt_taken.set()
       _end_interrupted()
   app.run(wrapped, flags_parser=_parse)
 

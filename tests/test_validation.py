@@ -507,13 +507,31 @@ cli.run(main)
 """
 
 
+INTERRUPT_DROPPED = """
+import signal, sys, time
+from gsi_jax import cli
+cli.define_experiment_flags()
+def main(argv):
+  try:
+    signal.raise_signal(signal.SIG{name})
+  except BaseException:  # as native code that drops a Python error does
+    pass
+  time.sleep(30)
+  print("not interrupted", file=sys.stderr)
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("script", [INTERRUPTED_IN_A_GC_CALLBACK, INTERRUPT_DROPPED],
+                         ids=["in a gc callback", "dropped"])
 @pytest.mark.parametrize("name, status", [("INT", 130), ("TERM", 143)])
-def test_a_signal_that_lands_in_a_gc_callback_still_interrupts(name, status):
+def test_a_signal_whose_interrupt_is_lost_still_interrupts(script, name, status):
   """Python only reports an exception raised in a gc callback (jax runs one at every
-  collection): the interrupt is delivered again, and the run ends as for any signal."""
-  proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_A_GC_CALLBACK.replace(
-      "{name}", name), "--bases_dir="], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  collection), and native code may drop one: the interrupt is raised again until the run
+  takes it, and the run ends as for any signal."""
+  proc = subprocess.run([sys.executable, "-c", script.replace("{name}", name),
+                         "--bases_dir="], capture_output=True, text=True, cwd=ROOT,
+                        timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert proc.returncode == status, proc.stderr[-2000:]
   assert [l for l in proc.stderr.strip().splitlines() if not ABSL_INFO.match(l)] == [
       "interrupted: nothing partial was written (outputs are written whole)"]
