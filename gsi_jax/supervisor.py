@@ -98,18 +98,23 @@ def claim_process_id(address: str, process: str):
         f.write(str(os.getpid()))
     except OSError:  # the claim's holder is not told; this process is refused all the same
       pass
-  elif os.path.exists(refused):  # left by a duplicate of an earlier run
-    os.unlink(refused)
+  else:  # a duplicate of an earlier run's may have left one
+    _remove(refused)
   return claim
+
+
+def _remove(path: str) -> bool:
+  """Whether path was there to remove (another process may remove it first)."""
+  try:
+    os.unlink(path)
+  except FileNotFoundError:
+    return False
+  return True
 
 
 def _duplicate_was_refused(address: str, process: str) -> bool:
   """Whether a process started with this one's --process_id was refused while it ran."""
-  refused = _claim_path(address, process, "refused")
-  if not os.path.exists(refused):
-    return False
-  os.unlink(refused)
-  return True
+  return _remove(_claim_path(address, process, "refused"))
 
 
 def log_path(out: str | None, script: str, process: str) -> str:
