@@ -161,23 +161,20 @@ def test_the_launcher_passes_signals_on_and_every_process_ends(tiny_folder, tmp_
 
 
 @pytest.mark.parametrize("phase", ["decode", "compute"])
-def test_sigterm_to_the_launcher_alone_ends_the_run_within_seconds(tiny_folder, tmp_path,
-                                                                   phase):
+def test_sigterm_to_the_launcher_alone_ends_the_run(tiny_folder, tmp_path, phase):
   """`kill PID` of the launcher alone (as timeout or a scheduler sends it): the launcher,
-  both supervisors and both workers are gone within seconds, each process with one
-  interrupted line.  Between decode steps a worker ends itself; inside one long XLA
-  computation its handler waits, and its supervisor kills it GRACE_S after the signal."""
-  from gsi_jax.supervisor import GRACE_S
+  both supervisors and both workers end, each process with one interrupted line.  Between
+  decode steps a worker ends itself and says so; inside one long XLA computation its
+  handler waits, and its supervisor kills it (GRACE_S after the signal) and says so."""
   proc = _launcher(tiny_folder, tmp_path, phase)
   time.sleep(1)
-  started = time.monotonic()
   os.kill(proc.pid, signal.SIGTERM)
   _, err = proc.communicate(timeout=60)
-  took = time.monotonic() - started
   assert proc.returncode == 143, err[-3000:]
-  assert took < (GRACE_S if phase == "decode" else GRACE_S + 5), (took, err[-3000:])
   lines = _errors(err)
   assert len(lines) == 2 and all(l.startswith("interrupted: ") for l in lines), err[-3000:]
+  killed = [" ended before it finished, and wrote no outputs" in l for l in lines]
+  assert killed == [phase == "compute"] * 2, lines
   assert "Traceback" not in err
   _no_worker_left(tmp_path)
 
