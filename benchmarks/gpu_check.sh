@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# Everything worth measuring on a lent GPU, in one run of at most 540 s, 9.0 minutes (the
-# device line 30 s, the seven steps' limits 490 s, and the summary 20 s), the kernel and
-# whole-decode steps first, on the machine's own image with nothing installed:
+# Everything worth measuring on a lent GPU, in one run of at most 360 s, 6.0 minutes (the
+# device line 5 s, the nine steps' limits 345 s, and the summary 10 s), so that a rerun
+# still fits in 15 minutes with the machine's start; the steps in the order of what they
+# decide, on the machine's own image with nothing installed:
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU
-#   The dry run's steps took 121 s on an idle 2-core AMD EPYC (its summary, committed as
-#   results/benchmarks/gpu_check_dry.json: the steps' seconds summed); a loaded machine
-#   takes longer, and each step's limit is 4x the GPU's there.
-# Each step runs on its own under a time limit, so one that fails hides none of the others;
-# each leaves a log.  Writes to ${OUT:-results/benchmarks/gpu} (dry: ${OUT:-/tmp/gpu_check_dry}),
-# first removing what an earlier run's steps left there, and ends with gpu_summary.json
-# there, made from this run's files alone, whose bandwidth shares are of the read ceiling
-# that step 1 measures.  Exit status 0 only when every step and the summary passed; else 1,
-# with one `error:` line naming the failed steps (2: the output folder cannot be written).
+#   The dry run's steps took 92 s on an idle 2-core AMD EPYC (its summary, committed as
+#   results/benchmarks/gpu_check_dry.json: the steps' seconds summed); in the dry run each
+#   step's limit is 4x the GPU's.
+# Each step's limit comes with its basis (limits.txt, then gpu_summary.json): the previous
+# H200 run's measured times (results/benchmarks/gpu: a step's process started in 6-7 s, its
+# steps.txt less its logged span) or the deviceless compile's (gpu_launches.json).
+# Not run, for time: the compiled kernel's test file (tests/test_kernels.py -k
+# TestCompiledOnGPU) and the decode-tile sweep (gpu_kernel.py --parts tiles).
+# Each step runs on its own under its limit, so one that fails hides none of the others;
+# each leaves a log, and every step's script rewrites its JSON after each row, method or
+# layer, so a step cut short keeps what it measured.  Writes to ${OUT:-results/benchmarks/gpu}
+# (dry: ${OUT:-/tmp/gpu_check_dry}), first removing what an earlier run's steps left there,
+# and ends with gpu_summary.json there, made from this run's files alone, whose bandwidth
+# shares are of the read ceiling that the smoke step measures.  Exit status 0 only when
+# every step and the summary passed; else 1, with one `error:` line naming the failed
+# steps (2: the output folder cannot be written).
 # PYTHON: the interpreter; else the checkout's .venv/bin/python where `make` built one, else
 # python3 (the lent image, which has jax and installs nothing).  The first line says which.
 set -uo pipefail
@@ -37,23 +45,26 @@ if [ "$DRY" = 1 ]; then
 else
   OUT_DIR=${OUT:-results/benchmarks/gpu}
   KERNEL=()
-  DECODE=()
-  SCALE=(--shape gptj-6b --calib_tokens 2048 --seq_len 256 --k 256 --decode_layers 0)
+  DECODE=(--layers 4)  # identical blocks: per-layer time, extrapolated to 28 in the summary
+  SCALE=(--shape gptj-6b --layers 4 --calib_tokens 2048 --seq_len 256 --k 256 --decode_layers 0)
 fi
+# Command buffers (CUDA graphs) off for one process: an empty list of command types.
+NO_COMMAND_BUFFERS="--xla_gpu_enable_command_buffer= ${XLA_FLAGS:-}"
 if ! mkdir -p "$OUT_DIR" 2> /dev/null || [ ! -w "$OUT_DIR" ]; then
   echo "error: gpu_check cannot write to its output folder $OUT_DIR; set OUT to a writable folder" >&2
   exit 2
 fi
 echo "gpu_check: python $PY ($PY_WHY)"
 # An earlier run's files would read as this run's: remove each step's JSON and log first.
-STEP_NAMES=(kernel_check kernel_timing kernel_kept decode kernel_tests kernel_tiles scale)
+STEP_NAMES=(smoke launch_floor launch_floor_off decode_off decode kernel_timing kernel_kept
+            kernel_check scale)
 for name in "${STEP_NAMES[@]}"; do rm -f "$OUT_DIR/$name.log"; done
-rm -f "$OUT_DIR"/{kernel_check,kernel_timing,kernel_tiles,kernel_kept,gpu_decode,scale_gptj_6b,gpu_summary}.json \
-  "$OUT_DIR/gpu.txt"
+rm -f "$OUT_DIR"/{smoke,launch_floor,launch_floor_off,gpu_decode_off,gpu_decode,kernel_check}.json \
+  "$OUT_DIR"/{kernel_timing,kernel_tiles,kernel_kept,scale_gptj_6b,gpu_summary}.json "$OUT_DIR/gpu.txt"
 : > "$OUT_DIR/steps.txt"
+: > "$OUT_DIR/limits.txt"
 FAILED=()
-{ command -v nvidia-smi > /dev/null && timeout 10 nvidia-smi --query-gpu=name,memory.total --format=csv
-  timeout 20 $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+{ command -v nvidia-smi > /dev/null && timeout 5 nvidia-smi --query-gpu=name,memory.total --format=csv
 } 2>&1 | tee "$OUT_DIR/gpu.txt"
 
 # Ctrl-C or SIGTERM: end the running step's whole process group (timeout leads its own),
@@ -74,9 +85,10 @@ interrupted() {
 trap 'interrupted 130' INT
 trap 'interrupted 143' TERM
 
-step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status seconds`
-  local name=$1 limit=$2 start rc
-  shift 2
+step() {  # step NAME LIMIT_S BASIS COMMAND...: run, log, record `name exit_status seconds`
+  local name=$1 limit=$2 basis=$3 start rc
+  shift 3
+  echo "$name $limit $basis" >> "$OUT_DIR/limits.txt"
   [ "$DRY" = 1 ] && limit=$((limit * 4))  # a CPU interprets the kernels: the limits are a GPU's
   start=$(date +%s)
   timeout "$limit" "$@" > "$OUT_DIR/$name.log" 2>&1 &
@@ -89,40 +101,56 @@ step() {  # step NAME LIMIT_S COMMAND...: run, log, record `name exit_status sec
   [ "$rc" = 0 ] || FAILED+=("$name")
 }
 
-# 1. The read ceiling (a sum over 2 GiB and a copy, by wall clock and by device events) and
-#    the launch floor, then the kernel against its HIGHEST reference at GPT-J's maps,
-#    float32 and bfloat16, 1/16/256 tokens, slow/mixed/fast.
-step kernel_check 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts ceiling,correct \
+# 1. Smoke: devices and versions, whether one tiny profiler trace parses, and the read
+#    ceiling (a sum over 2 GiB and a copy, by wall clock and by device events).  A trace
+#    that does not parse (or a failed step) sends every later step to the wall clock.
+step smoke 20 "a 6-7 s start and the 2 GiB ceiling (not timed apart on the H200); 20 s is the bound asked" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts smoke --out "$OUT_DIR/smoke.json"
+if ! grep -q '"trace_parses": true' "$OUT_DIR/smoke.json" 2> /dev/null; then
+  KERNEL+=(--notraces)
+  echo "traces: the smoke step's trace did not parse; every later step times by wall clock"
+fi
+# 2. What a kernel costs inside a decode's command buffer, and outside one: the launch floor
+#    (64 dependent one-block calls, a Pallas kernel and an XLA fusion, unrolled in one jit)
+#    with command buffers on, then off in a second process; dense and GSI static decoded at
+#    4 layers with them off (step 4 decodes them on).  gpu_summary fits t = bytes/bandwidth
+#    + kernels x c to both, the kernels from the deviceless compile at 4 layers.
+step launch_floor 15 "a 6-7 s start and 2 programs of 64 one-block calls" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts floor --out "$OUT_DIR/launch_floor.json"
+step launch_floor_off 15 "as launch_floor" env XLA_FLAGS="$NO_COMMAND_BUFFERS" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts floor \
+    --out "$OUT_DIR/launch_floor_off.json"
+step decode_off 30 "a 6-7 s start, the 4-layer model, 2 programs compiled (deviceless: gpu_launches.json fit)" \
+    env XLA_FLAGS="$NO_COMMAND_BUFFERS" $PY benchmarks/gpu_decode.py "${DECODE[@]}" --batch 1 \
+    --methods gsi_static --out "$OUT_DIR/gpu_decode_off.json"
+# 3. A whole decode at GPT-J-6B's shape cut to 4 identical layers (bf16 weights made on the
+#    device): 1 sequence first, then 4 and 16, GSI static, fast with probability 0.9 and
+#    0.5, at eps = 0, and sparsity at half, each beside dense in paired rounds, the JSON
+#    written after each method with its compile time.
+step decode 90 "batch 1 first: a 6-7 s start, 6 programs compiled (deviceless: gpu_launches.json fit); 4 and 16 as time remains" \
+    $PY benchmarks/gpu_decode.py "${DECODE[@]}" --out "$OUT_DIR/gpu_decode.json"
+# 4. A gated site's calls (g = x V_k and the kernel) beside dense x @ W at GPT-J's three map
+#    shapes, bf16, cache-cold, one token all slow and all fast (the all-fast call again as a
+#    chain of dependent sites), with device times; then the kept-rows and kept-dots kernels
+#    beside dense at fc_in, 1 and 16 tokens, kept shares 0, 0.5 and 1, with their errors.
+step kernel_timing 25 "the H200 run timed 27 calls in 28 s after its start; these are 9" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
+    $([ "$DRY" = 1 ] || echo --tokens 1 --fast_share 0,1) --out "$OUT_DIR/kernel_timing.json"
+step kernel_kept 25 "the H200 run timed 18 kept calls in 21 s after its start; these are 12" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
+    $([ "$DRY" = 1 ] || echo --maps 4096x16384 --tokens 1,16) --out "$OUT_DIR/kernel_kept.json"
+# 5. Correctness of a representative subset: the kernel against its HIGHEST reference at
+#    each of GPT-J's maps and each regime (1 token slow and fast, 16 and 256 mixed), bf16.
+step kernel_check 25 "the H200 run checked the ceiling and 39 cases in 60 s, start included; these are 12" \
+    $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts correct --correct_cases representative \
     --out "$OUT_DIR/kernel_check.json"
-# 2. A gated site's calls (g = x V_k and the kernel) beside dense x @ W at GPT-J's three map
-#    shapes (fc_in first), bf16, cache-cold (copies of W, and of V_k and M, each exceed 4x
-#    L2), 1, 4 and 16 tokens, all slow, half and all fast: paired rounds, device times.
-#    Every step's JSON is rewritten after each row: a step cut short keeps its rows.
-step kernel_timing 60 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts timing \
-    $([ "$DRY" = 1 ] || echo --tokens 1,4,16) \
-    --out "$OUT_DIR/kernel_timing.json"
-# 3. The kept-rows kernel (sparsity's product), then the kept-dots kernel (CATS' up
-#    projection), each beside dense x @ W at GPT-J's fc_in, bf16, cache-cold, 1, 4 and 16
-#    tokens, kept shares 0, 0.5 and 1: paired rounds, and each one's error.
-step kernel_kept 40 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts kept \
-    $([ "$DRY" = 1 ] || echo --maps 4096x16384 --tokens 1,4,16) \
-    --out "$OUT_DIR/kernel_kept.json"
-# 4. A whole decode at GPT-J-6B's shape, full depth, bf16 weights made on the device, 1, 4
-#    and 16 sequences: GSI static, fast with probability 0.9 and 0.5, at eps = 0, and
-#    sparsity at half, each beside dense in paired rounds (batch 1 first).
-step decode 150 $PY benchmarks/gpu_decode.py "${DECODE[@]}" --out "$OUT_DIR/gpu_decode.json"
-# 5. The compiled kernel's own tests: interpret-mode cases, the tied head, GPT-J's maps.
-step kernel_tests 50 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py -k TestCompiledOnGPU
-# 6. Decode tiles (block_o x block_d x warps) at 1 token, all slow and all fast.
-step kernel_tiles 25 $PY benchmarks/gpu_kernel.py "${KERNEL[@]}" --parts tiles \
-    $([ "$DRY" = 1 ] || echo --maps 4096x16384) --out "$OUT_DIR/kernel_tiles.json"
-# 7. GPT-J-6B's shape at full depth, bf16 random weights generated on the device (nothing on
-#    disk): streaming calibration (cascade) against the paper's ~30 s, with where its time
-#    went (calibration_phase_s, compiling apart) and the programs it compiled.  Step 4 is
-#    the decode.
-step scale 105 $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --dtype bfloat16 \
+# 6. Streaming calibration (cascade) of GPT-J-6B's shape cut to 4 layers, bf16 random weights
+#    generated on the device, with where its time went (phases, compiling apart) and the
+#    programs it compiled, the JSON written after each layer.
+step scale 100 "the H200 run: a 5 s load, its first layer 76.9 s (compiling in it), 2.3 s a layer after: 96 s with the start" \
+    $PY benchmarks/scale.py --in_memory "${SCALE[@]}" --dtype bfloat16 \
     --method cascade --eigh_layers 0 --out "$OUT_DIR/scale_gptj_6b.json"
-timeout 20 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR" || FAILED+=(summary)
+timeout 10 $PY benchmarks/gpu_summary.py --dir "$OUT_DIR" || FAILED+=(summary)
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "error: gpu_check: ${#FAILED[@]} failed (${FAILED[*]}); their logs: $OUT_DIR/NAME.log," \
     "their status: $OUT_DIR/steps.txt" >&2

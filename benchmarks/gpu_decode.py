@@ -16,12 +16,13 @@ CATS thresholds a gated MLP's gate; GPT-J's MLP has none, so CATS has no point h
 Bases are random orthonormal V_k per site (a QR on the device) with M = V_kᵀ W: bytes
 and speed do not depend on which basis, and quality on random weights means nothing.
 
-Per batch, every method is timed beside dense in the same paired rounds
-(`benchmarking.decode_beside_each`): tokens/s of each (all sequences together), the
-median ratio and its 95% interval, compile time apart.  At one sequence, one more
-decode of each gives the fast or kept shares its byte ideal counts (`byte_ideal`); with
-several, a call reads a weight when any of its tokens needs it, which per-token shares
-do not tell, so no ideal is given.  The JSON is written after every batch.
+Per batch, each method (--methods: all of them, or some) is timed beside dense in paired
+rounds of its own (`benchmarking.decode_beside_each`): tokens/s of each (all sequences
+together), the median ratio and its interval (95% from 6 rounds, else the range), compile
+time apart.  At one sequence, one more decode of each gives the fast or kept shares its
+byte ideal counts (`byte_ideal`); with several, a call reads a weight when any of its
+tokens needs it, which per-token shares do not tell, so no ideal is given.  The JSON is
+written after every method, so a run cut short keeps the rows it timed.
 --dry: gptj-tiny, k = 16, batches 1 and 2, 4 new tokens, 2 rounds, where a flag does
 not say otherwise: the whole path in a minute on a CPU.
 """
@@ -44,6 +45,12 @@ from gsi_jax.models import params as P
 from gsi_jax.models.model import _forward
 from gsi_jax.ops import IMPLS
 
+DRY = dict(shape="gptj-tiny", k=16, batch=["1", "2"], new_tokens=4, rounds=2, calib_tokens=64)
+COIN_SHARES = (0.9, 0.5)
+SPARSITY = 0.5
+METHOD_NAMES = ("gsi_static", *(f"gsi_p{p}" for p in COIN_SHARES), "gsi_eps0",
+                f"sparsity_{SPARSITY}")
+
 _SHAPE = flags.DEFINE_enum("shape", "gptj-6b", list(synthetic.SHAPES), "Published shape.")
 _LAYERS = flags.DEFINE_integer("layers", 0, "Blocks (0: the shape's full depth).")
 _K = flags.DEFINE_integer("k", 256, "GSI's rank.")
@@ -53,13 +60,10 @@ _NEW_TOKENS = flags.DEFINE_integer("new_tokens", 32, "Tokens per timed decode.")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Paired rounds per batch.")
 _CALIB_TOKENS = flags.DEFINE_integer("calib_tokens", 256, "Random ids whose site inputs set "
                                      "sparsity's thresholds.")
+_METHODS = flags.DEFINE_list("methods", list(METHOD_NAMES), "Methods timed beside dense.")
 _IMPL = flags.DEFINE_enum("impl", "auto", list(IMPLS), "Gate impl (auto: the kernels on a GPU).")
 _DRY = flags.DEFINE_bool("dry", False, "Small shapes: the whole path in a minute, any device.")
 _OUT = flags.DEFINE_string("out", None, "JSON output.")
-
-DRY = dict(shape="gptj-tiny", k=16, batch=["1", "2"], new_tokens=4, rounds=2, calib_tokens=64)
-COIN_SHARES = (0.9, 0.5)
-SPARSITY = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +78,17 @@ class DecodeBenchConfig:
   calib_tokens: int
   impl: str
   out: str
+  methods: tuple[str, ...] = METHOD_NAMES
 
   def __post_init__(self):
     for name in ("k", "prompt_len", "new_tokens", "rounds", "calib_tokens"):
       experiment.positive(f"--{name}", getattr(self, name))
     if self.layers < 0:
       raise GSIError(f"--layers must be >= 0 (0: the full depth), got {self.layers}")
+    unknown = sorted(set(self.methods) - set(METHOD_NAMES))
+    if unknown or not self.methods:
+      raise GSIError(f"--methods: unknown {unknown or 'none given'}; choose from "
+                     f"{', '.join(METHOD_NAMES)} (dense is timed beside each)")
     if not self.batches or any(b < 1 for b in self.batches):
       raise GSIError(f"--batch takes positive whole numbers, got {list(self.batches)}")
     config = synthetic.hf_config(self.shape)
@@ -98,7 +107,7 @@ def config_from_flags() -> DecodeBenchConfig:
       batches=tuple(cli.numbers("batch", pick("batch", _BATCH), int)),
       prompt_len=_PROMPT_LEN.value, new_tokens=pick("new_tokens", _NEW_TOKENS),
       rounds=pick("rounds", _ROUNDS), calib_tokens=pick("calib_tokens", _CALIB_TOKENS),
-      impl=_IMPL.value, out=_OUT.value)
+      impl=_IMPL.value, out=_OUT.value, methods=tuple(_METHODS.value))
 
 
 def random_gsi(params, k: int, seed: int = 0):
@@ -117,16 +126,20 @@ def random_gsi(params, k: int, seed: int = 0):
 
 
 def methods(c: DecodeBenchConfig, model, rng) -> list[tuple[str, dict, object]]:
-  """(name, params, gate) of every method but dense."""
-  gsi = random_gsi(model.params, c.k)
+  """(name, params, gate) of every method c.methods names, in METHOD_NAMES' order."""
   gate = lambda eps, mode="gated": make_gate(eps, mode, impl=c.impl, batch1_switch=True)
-  ids = rng.integers(0, model.config.vocab_size, (1, c.calib_tokens)).astype(np.int32)
-  sparse = peers.apply_sparsity(model.params,
-                                peers.sparsity_thresholds(model, model.params, ids, SPARSITY))
-  return [("gsi_static", gsi, gate(0.0, "static")),
-          *[(f"gsi_p{p}", gsi, gate(p, "coin")) for p in COIN_SHARES],
-          ("gsi_eps0", gsi, gate(0.0)),
-          (f"sparsity_{SPARSITY}", sparse, gate(0.0))]
+  out = []
+  if any(name.startswith("gsi_") for name in c.methods):
+    gsi = random_gsi(model.params, c.k)
+    out += [("gsi_static", gsi, gate(0.0, "static")),
+            *[(f"gsi_p{p}", gsi, gate(p, "coin")) for p in COIN_SHARES],
+            ("gsi_eps0", gsi, gate(0.0))]
+  if f"sparsity_{SPARSITY}" in c.methods:
+    ids = rng.integers(0, model.config.vocab_size, (1, c.calib_tokens)).astype(np.int32)
+    sparse = peers.apply_sparsity(
+        model.params, peers.sparsity_thresholds(model, model.params, ids, SPARSITY))
+    out.append((f"sparsity_{SPARSITY}", sparse, gate(0.0)))
+  return [point for point in out if point[0] in c.methods]
 
 
 def byte_ideal(model, params, gate, prompt, new_tokens: int) -> dict:
@@ -149,7 +162,7 @@ def byte_ideal(model, params, gate, prompt, new_tokens: int) -> dict:
 
 
 def run(c: DecodeBenchConfig, save=lambda result: None) -> dict:
-  """Every batch of c.batches, every method beside dense; save(result) after each batch."""
+  """Every batch of c.batches, each method beside dense; save(result) after each method."""
   model = synthetic.random_model(c.shape, "bfloat16", c.layers or None)
   rng = np.random.default_rng(0)
   points = methods(c, model, rng)
@@ -157,23 +170,27 @@ def run(c: DecodeBenchConfig, save=lambda result: None) -> dict:
             "config": dataclasses.asdict(c), "n_layers": model.config.n_layers,
             "methods": ["dense"] + [name for name, _, _ in points],
             "not_run": {"cats_0.5": f"{c.shape}'s MLP is not gated; CATS thresholds a gate"},
+            "dense_bytes_per_token":
+                metrics.byte_accounting(model.params)["bytes_per_token_dense"],
             "batches": []}
   for batch in c.batches:
     prompt = rng.integers(0, model.config.vocab_size, (batch, c.prompt_len)).astype(np.int32)
-    timed = decode_beside_each(model, prompt, c.new_tokens, c.rounds,
-                               [(params, gate) for _, params, gate in points], model.params)
     rows = []
-    for (name, params, gate), t in zip(points, timed):
+    result["batches"].append({"batch": batch, "points": rows})
+    for name, params, gate in points:
+      (t,) = decode_beside_each(model, prompt, c.new_tokens, c.rounds, [(params, gate)],
+                                model.params)
       ideal = byte_ideal(model, params, gate, prompt, c.new_tokens) if batch == 1 else {}
       rows.append({"method": name, "gate_mode": gate.mode, "eps": float(gate.eps), **t,
                    "tokens_per_s": batch * t["tokens_per_s"],
                    "dense_tokens_per_s": batch * t["dense_tokens_per_s"], **ideal})
-      logging.info("batch %d %s: %.1f tokens/s (dense beside it %.1f), %s%s", batch, name,
-                   rows[-1]["tokens_per_s"], rows[-1]["dense_tokens_per_s"],
+      logging.info("batch %d %s: %.1f tokens/s (dense beside it %.1f), %s%s; compiled in "
+                   "%.1f s", batch, name, rows[-1]["tokens_per_s"],
+                   rows[-1]["dense_tokens_per_s"],
                    ratio_text(t["measured_speedup"], t["speedup_low"], t["speedup_high"]),
-                   f", byte ideal x{ideal['byte_ideal_speedup']:.2f}" if ideal else "")
-    result["batches"].append({"batch": batch, "points": rows})
-    save(result)
+                   f", byte ideal x{ideal['byte_ideal_speedup']:.2f}" if ideal else "",
+                   t["compile_s"])
+      save(result)
   return result
 
 

@@ -2,20 +2,27 @@
 the kernel's calls timed beside dense at 1-16 tokens, a sweep of decode tiles, and the
 kept-rows and kept-dots kernels beside dense.
 
-  PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts ceiling,correct --out ceiling.json
+  PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts smoke --out smoke.json
   PYTHONPATH=. python3 benchmarks/gpu_kernel.py --parts timing --out timing.json
   python benchmarks/gpu_kernel.py --dry --out /tmp/k.json      # small shapes, any device
 
-Parts (benchmarks/gpu_check.sh runs each as its own bounded step):
-  ceiling  the device's read bandwidth: a sum over --ceiling_gib of float32 and a copy of
-           it (read + write), each the median of --repeats by wall clock and, on a GPU,
-           by the kernels' own device time from a profiler trace; the largest is the
-           ceiling every other figure is divided by (a nominal peak is not what a chip
-           reaches); and the launch floor, per call of 64 dependent one-block calls (a
-           Pallas kernel, an XLA fusion) in one command buffer, as a decode's run;
+Parts (benchmarks/gpu_check.sh runs them as bounded steps):
+  smoke    devices and versions; whether one tiny profiler trace parses (a GPU's has a
+           device stream: `trace_parses`; where it does not, gpu_check runs every later
+           step with --notraces and says so); the device's read bandwidth: a sum over
+           --ceiling_gib of float32 and a copy of it (read + write), each the median of
+           --repeats by wall clock and, on a GPU, by the kernels' own device time from a
+           trace; the largest is the ceiling every other figure is divided by (a nominal
+           peak is not what a chip reaches);
+  floor    the launch floor, per call of 64 dependent one-block calls (a Pallas kernel, an
+           XLA fusion) unrolled in one jit, which XLA puts in one command buffer as it puts
+           a decoded token's kernels (`command_buffers` says whether XLA_FLAGS turned them
+           off for this process);
   correct  `gated_matmul` against `gated_matmul_reference` (Precision.HIGHEST) at --maps,
-           k = --k, in float32 and bfloat16, 1, 16 and 256 tokens, all slow, mixed and all
-           fast: the largest error over the largest output, against kernel.TOLERANCE;
+           k = --k: every case (float32 and bfloat16, 1, 16 and 256 tokens, all slow,
+           mixed and all fast) or, with --correct_cases=representative, one bfloat16 case
+           per map and regime (1 token slow and fast, 16 and 256 mixed): the largest error
+           over the largest output, against kernel.TOLERANCE;
   timing   per call, at --tokens tokens and --fast_share shares of fast tokens, in
            bfloat16: a gated site as a model runs it, g = x V_k and the kernel (the gate
            decided per token before it; thresholds per token of ∞ or 0 set the share),
@@ -44,6 +51,7 @@ kernel runs interpreted (its times then mean nothing).
 import dataclasses
 import logging
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +65,8 @@ from gsi_jax.benchmarking import (LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS, chaine
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kept_kernel, kernel, tiling
 
-PARTS = ("ceiling", "correct", "timing", "tiles", "kept")
+PARTS = ("smoke", "floor", "correct", "timing", "tiles", "kept")
+CORRECT_CASES = ("all", "representative")
 _PARTS = flags.DEFINE_list("parts", list(PARTS), f"Which of {', '.join(PARTS)} to run.")
 _MAPS = flags.DEFINE_list("maps", ["4096x16384", "4096x4096", "16384x4096"],
                           "Maps d x O (GPT-J's fc_in, q/k/v/o, fc_out).")
@@ -71,6 +80,11 @@ _CEILING_GIB = flags.DEFINE_float("ceiling_gib", 2.0, "GiB read by the ceiling's
 _CACHE_MB = flags.DEFINE_float("cache_mb", 60.0, "The device's last-level cache (H200: 60).")
 _REPEATS = flags.DEFINE_integer("repeats", 30, "Timed rounds (ceiling: repeats).")
 _INNER = flags.DEFINE_integer("inner", 8, "Passes over the copies inside one timed program.")
+_CORRECT_CASES = flags.DEFINE_enum("correct_cases", "all", list(CORRECT_CASES),
+                                   "The correct part's cases: every one, or one per map and "
+                                   "regime.")
+_TRACES = flags.DEFINE_bool("traces", True, "Device times from profiler traces (--notraces: "
+                            "wall clock only, where traces do not parse).")
 _DRY = flags.DEFINE_bool("dry", False, "Small shapes: the whole path in seconds, any device.")
 _OUT = flags.DEFINE_string("out", None, "JSON output.")
 
@@ -78,6 +92,7 @@ DRY = dict(maps=["256x512"], k=32, tokens=["1", "2"], ceiling_gib=1 / 16, cache_
            tiles=["32x128x4", "64x64x4"], repeats=3, inner=2)
 CORRECT_TOKENS = (1, 16, 256)
 CORRECT_SHARES = (0.0, 0.5, 1.0)
+REPRESENTATIVE = ((1, 0.0), (1, 1.0), (16, 0.5), (256, 0.5))  # (tokens, fast share), bf16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +108,8 @@ class KernelBenchConfig:
   repeats: int
   inner: int
   out: str
+  correct_cases: str = "all"
+  traces: bool = True
 
   def __post_init__(self):
     unknown = sorted(set(self.parts) - set(PARTS))
@@ -134,7 +151,8 @@ def config_from_flags() -> KernelBenchConfig:
       fast_shares=tuple(cli.numbers("fast_share", _SHARES.value, float)),
       tiles=_pairs("tiles", pick("tiles", _TILES), 3),
       ceiling_gib=pick("ceiling_gib", _CEILING_GIB), cache_mb=pick("cache_mb", _CACHE_MB),
-      repeats=pick("repeats", _REPEATS), inner=pick("inner", _INNER), out=_OUT.value)
+      repeats=pick("repeats", _REPEATS), inner=pick("inner", _INNER), out=_OUT.value,
+      correct_cases=_CORRECT_CASES.value, traces=_TRACES.value)
 
 
 def device_platform() -> str:
@@ -145,10 +163,29 @@ def device_platform() -> str:
   return device.platform
 
 
-def ceiling(c: KernelBenchConfig) -> dict:
-  """The read ceiling (wall clock and device events) and the launch floor."""
-  return {**read_ceiling(int(c.ceiling_gib * 2**30), c.repeats), "repeats": c.repeats,
-          "launch_floor": launch_floor(c)}
+def device_seconds(c: KernelBenchConfig, fn):
+  """fn's device time per call from a trace (`device_event_seconds`), or None without
+  traces (--notraces) or where the trace has no device stream."""
+  return device_event_seconds(fn)["device_s"] if c.traces else None
+
+
+def smoke(c: KernelBenchConfig) -> dict:
+  """Devices and versions, whether a tiny trace parses, and the read ceiling."""
+  tiny = jax.jit(lambda a: a + 1)
+  x_8 = jnp.zeros((8,), jnp.float32)
+  parses = device_event_seconds(lambda: tiny(x_8).block_until_ready())["device_s"] is not None
+  logging.info("devices %s, jax %s; a tiny trace %s", jax.devices(), jax.__version__,
+               "parses" if parses else "has no device stream: later steps time by wall clock")
+  return {"jax_version": jax.__version__, "trace_parses": parses,
+          "ceiling": {**read_ceiling(int(c.ceiling_gib * 2**30), c.repeats,
+                                     traces=c.traces and parses), "repeats": c.repeats}}
+
+
+def command_buffers_on() -> bool:
+  """Whether XLA may put kernels in command buffers here: XLA_FLAGS turns them off with an
+  empty --xla_gpu_enable_command_buffer=."""
+  flags_set = os.environ.get("XLA_FLAGS", "").split()
+  return "--xla_gpu_enable_command_buffer=" not in flags_set
 
 
 def launch_floor(c: KernelBenchConfig) -> dict:
@@ -160,12 +197,11 @@ def launch_floor(c: KernelBenchConfig) -> dict:
   for kind in LAUNCH_FLOOR_KINDS:
     run = chained_calls(kind, interpret=device_platform() == "cpu")
     fn = lambda: run(x_8).block_until_ready()  # noqa: E731
-    device = device_event_seconds(fn)
+    device_s = device_seconds(c, fn)
     floor[kind] = {
         "wall_us": 1e6 * median_seconds(fn, c.repeats) / LAUNCH_FLOOR_CALLS,
-        "device_us": None if device["device_s"] is None
-        else 1e6 * device["device_s"] / LAUNCH_FLOOR_CALLS}
-  return floor
+        "device_us": None if device_s is None else 1e6 * device_s / LAUNCH_FLOOR_CALLS}
+  return {**floor, "command_buffers": command_buffers_on()}
 
 
 def _problem(key, tokens: int, d: int, k: int, out: int, dtype, share: float):
@@ -200,11 +236,17 @@ def fast_tokens(tokens: int, share: float) -> jax.Array:
       jnp.ones((tokens,), bool)
 
 
+def correct_cases(c: KernelBenchConfig) -> list[tuple]:
+  """(map, dtype, tokens, fast share) of every case the correct part checks."""
+  if c.correct_cases == "representative":
+    return [(m, jnp.bfloat16, t, f) for m in c.maps for t, f in REPRESENTATIVE]
+  return [(m, dt, t, f) for m in c.maps for dt in (jnp.float32, jnp.bfloat16)
+          for t in CORRECT_TOKENS for f in CORRECT_SHARES]
+
+
 def correct(c: KernelBenchConfig):
   """Yields one case at a time: the kernel against its reference."""
-  for (d, out), dtype, tokens, share in ((m, dt, t, f) for m in c.maps
-                                          for dt in (jnp.float32, jnp.bfloat16)
-                                          for t in CORRECT_TOKENS for f in CORRECT_SHARES):
+  for (d, out), dtype, tokens, share in correct_cases(c):
     x, g, eps, M, W = _problem(jax.random.key(tokens), tokens, d, c.k, out, dtype, share)
     (y,), fast = kernel.gated_matmul(x, g, eps, [M], [W])
     (ref,), ref_fast = kernel.gated_matmul_reference(x, g, eps, [M], [W])
@@ -254,8 +296,8 @@ def _paired(c: KernelBenchConfig, fixed, copies, call, dense=_dense,
 
   base, other = passes(dense), passes(call)
   pair = timed_pair(base, other, c.repeats)
-  pair["base_device_s"] = device_event_seconds(base)["device_s"]
-  pair["other_device_s"] = device_event_seconds(other)["device_s"]
+  pair["base_device_s"] = device_seconds(c, base)
+  pair["other_device_s"] = device_seconds(c, other)
   return pair
 
 
@@ -392,9 +434,14 @@ def kept(c: KernelBenchConfig):
 def run(c: KernelBenchConfig, save=lambda result: None) -> dict:
   """Every part of c.parts; save(result) after each row, so a stopped run keeps its rows."""
   result = {"platform": device_platform(), "devices": str(jax.devices()),
-            "config": dataclasses.asdict(c)}
-  if "ceiling" in c.parts:
-    result["ceiling"] = ceiling(c)
+            "config": dataclasses.asdict(c), "traces": c.traces}
+  if not c.traces:
+    logging.info("--notraces: every time is by wall clock, device times are None")
+  if "smoke" in c.parts:
+    result.update(smoke(c))
+    save(result)
+  if "floor" in c.parts:
+    result["launch_floor"] = launch_floor(c)
     save(result)
   for part, rows in (("correct", correct), ("timing", timing), ("tiles", tiles),
                      ("kept", kept)):

@@ -12,7 +12,9 @@ Each record: kernels a token (always run, and with the larger branch of every co
 conditionals, command buffers, kernels by kind, the ratio to dense at the same batch,
 compile seconds.  `check` holds each program's counts at --check_layers blocks and one
 sequence, which tests/test_gpu_launches.py compiles again: a change to the code that moves
-a count fails it until this JSON is written anew.  `launch_floor`: the launch floor's
+a count fails it until this JSON is written anew.  `fit` holds each program's counts and
+compile seconds at --fit_layers blocks and one sequence: the depth gpu_check.sh decodes at,
+whose times gpu_summary.py fits a kernel's cost to.  `launch_floor`: the launch floor's
 programs (`benchmarking.chained_calls`, which gpu_kernel.py times on a GPU), each one command
 buffer holding all its calls.  The JSON is rewritten after each program, "complete": false
 until the last.
@@ -35,6 +37,8 @@ from gsi_jax.models import ModelConfig
 _LAYERS = flags.DEFINE_integer("layers", 28, "Blocks compiled (28: GPT-J-6B's depth).")
 _CHECK_LAYERS = flags.DEFINE_integer("check_layers", 2, "Blocks of the small programs a test "
                                      "compiles again (one sequence; 0: none).")
+_FIT_LAYERS = flags.DEFINE_integer("fit_layers", 4, "Blocks of the decode programs "
+                                   "benchmarks/gpu_check.sh times (0: none counted).")
 _BATCH = flags.DEFINE_list("batch", ["1", "4", "16"], "Sequences decoded at once.")
 _PROGRAMS = flags.DEFINE_list("programs", list(launches.PROGRAMS), "Decode programs.")
 _OUT = flags.DEFINE_string("out", "results/benchmarks/gpu_launches.json", "JSON output.")
@@ -44,13 +48,15 @@ _OUT = flags.DEFINE_string("out", "results/benchmarks/gpu_launches.json", "JSON 
 class LaunchConfig:
   layers: int
   check_layers: int
+  fit_layers: int
   batches: tuple[int, ...]
   programs: tuple[str, ...]
   out: str
 
   def __post_init__(self):
     full = ModelConfig.gptj_6b().n_layers
-    for flag, value, low in (("--layers", self.layers, 1), ("--check_layers", self.check_layers, 0)):
+    for flag, value, low in (("--layers", self.layers, 1), ("--check_layers", self.check_layers, 0),
+                             ("--fit_layers", self.fit_layers, 0)):
       if not low <= value <= full:
         raise GSIError(f"{flag} must lie in [{low}, {full}], got {value}")
     for b in self.batches:
@@ -75,18 +81,20 @@ def count(name: str, batch: int, layers: int) -> tuple[dict, float]:
 
 def main(argv):
   del argv
-  c = LaunchConfig(_LAYERS.value, _CHECK_LAYERS.value, cli.numbers("batch", _BATCH.value, int),
+  c = LaunchConfig(_LAYERS.value, _CHECK_LAYERS.value, _FIT_LAYERS.value,
+                   cli.numbers("batch", _BATCH.value, int),
                    tuple(_PROGRAMS.value), experiment.check_output_path(_OUT.value))
   launches.compile_only_mesh()  # the plugin and the toolkit, before any compile
   launches.cuda_data_dir()
-  records, check, floor = [], [], {"calls": LAUNCH_FLOOR_CALLS}
+  records, check, fit, floor = [], [], [], {"calls": LAUNCH_FLOOR_CALLS}
 
   def write(complete: bool):
     experiment.write_json(c.out, {
         "what": "compiled on a CPU for an H200 by XLA's GPU pipeline, not run",
         "shape": "gptj-6b", "dtype": "bfloat16", "layers": c.layers,
         "plugin": list(launches.PLUGIN), "launch_floor": floor, "records": records,
-        "check": {"layers": c.check_layers, "batch": 1, "records": check}},
+        "check": {"layers": c.check_layers, "batch": 1, "records": check},
+        "fit": {"layers": c.fit_layers, "batch": 1, "records": fit}},
         partial=not complete)
 
   for kind in LAUNCH_FLOOR_KINDS:
@@ -115,6 +123,10 @@ def main(argv):
       counted, _ = count(name, 1, c.check_layers)
       check.append({"program": name, **counted})
       write(complete=False)
+  for name in c.programs if c.fit_layers else ():  # what gpu_summary fits a kernel's cost by
+    counted, seconds = count(name, 1, c.fit_layers)
+    fit.append({"program": name, **counted, "compile_s": seconds})
+    write(complete=False)
   write(complete=True)
 
 

@@ -170,21 +170,34 @@ def _by_width(values: dict, widths: dict, scale: float = 1.0) -> dict:
   return {str(d): v for d, v in sorted(out.items())}
 
 
-def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None) -> tuple[dict, dict]:
+def calibrate_all(cfg: ScaleConfig, model, ids, mesh=None,
+                  save_progress=lambda progress: None) -> tuple[dict, dict]:
   """Streaming calibration per method at full depth, and exact eigh on the first layers:
-  the result's fields, and the bases by streamed method."""
+  the result's fields, and the bases by streamed method.  save_progress({method: layers
+  done, of how many, seconds so far, phase seconds}) runs after every layer, so a run cut
+  short keeps how far each calibration got."""
   result = {"calibration_s": {}, "solve_s": {}, "calib_peak_rss_gb": {}, "solve_s_by_width": {},
             "lobpcg_iterations": {}, "energy_loss_vs_eigh": {}, "energy_loss_by_site": {},
-            "calibration_basis": {}, "calibration_phase_s": {}, "programs_compiled": {}}
+            "calibration_basis": {}, "calibration_phase_s": {}, "programs_compiled": {},
+            "calibration_layer_s": {}}
   bases_by_method = {}
   forward_s = []
+  progress = {}
   for method in cfg.methods:
     if method == "eigh":
       continue
     with PeakMemory() as mem:
       t0 = time.perf_counter()
+
+      def on_layer(done, layers, phase_s, method=method, t0=t0):
+        cumulative = result["calibration_layer_s"].setdefault(method, [])
+        cumulative.append(time.perf_counter() - t0)
+        progress[method] = {"layers_done": done, "layers": layers, "phase_s": phase_s,
+                            "cumulative_layer_s": cumulative}
+        save_progress(progress)
       bases = gsi_jax.calibrate(model, model.params, ids, cfg.k, method=method,
-                                seq_len=cfg.seq_len, source="random token ids", mesh=mesh)
+                                seq_len=cfg.seq_len, source="random token ids", mesh=mesh,
+                                on_layer=on_layer)
       seconds = time.perf_counter() - t0
     bases_by_method[method] = bases
     solve = {s: c[0] for s, c in bases.meta["solve_cost_by_site"].items()}
@@ -322,8 +335,9 @@ def load(cfg: ScaleConfig, dtype: str, layers: int | None, mesh=None):
 
 
 def run(cfg: ScaleConfig, save=lambda result: None) -> dict:
-  """Calibration at full depth, then decode; save(result) after calibration and after each
-  decode point, so a run stopped by a time limit keeps what it measured."""
+  """Calibration at full depth, then decode; save(result) after each calibrated layer, after
+  calibration and after each decode point, so a run stopped by a time limit keeps what it
+  measured."""
   made = None
   if not cfg.in_memory and not synthetic.is_complete(cfg.checkpoint) \
       and distributed.is_primary():
@@ -342,7 +356,10 @@ def run(cfg: ScaleConfig, save=lambda result: None) -> dict:
   rng = np.random.default_rng(0)
   n = cfg.calib_tokens // cfg.seq_len
   ids = rng.integers(0, model.config.vocab_size, (n, cfg.seq_len)).astype(np.int32)
-  calib, bases_by_method = calibrate_all(cfg, model, ids, mesh)
+  head = {"shape": cfg.shape, "layers": model.config.n_layers, "dtype": cfg.dtype,
+          "weights_gb": weights_gb, "load_s": load_s}
+  calib, bases_by_method = calibrate_all(
+      cfg, model, ids, mesh, lambda progress: save({**head, "calibration_progress": progress}))
   result = {"shape": cfg.shape, "layers": model.config.n_layers, "dtype": cfg.dtype,
             "weights_gb": weights_gb, "load_s": load_s, "load_peak_rss_gb": mem.gb,
             "load_peak_over_weights": mem.gb / weights_gb, "calib_tokens": int(ids.size),

@@ -131,10 +131,10 @@ def median_seconds(fn, repeats: int) -> float:
   return float(np.median([t for t, in times]))
 
 
-def read_ceiling(n_bytes: int, repeats: int) -> dict:
+def read_ceiling(n_bytes: int, repeats: int, traces: bool = True) -> dict:
   """The device's read bandwidth, measured: a jitted sum over n_bytes of float32 and a copy
   of them (a read and a write), each the median of `repeats` by wall clock and, where the
-  device records its own events (a GPU), by the kernels' device time
+  device records its own events (a GPU) and `traces`, by the kernels' device time
   (`device_event_seconds`); the largest is the ceiling (`ceiling_gb_s`, its
   `ceiling_source` naming which).  n_bytes must exceed the last-level cache several
   times, else the sum reads the cache."""
@@ -147,7 +147,7 @@ def read_ceiling(n_bytes: int, repeats: int) -> dict:
            "copy_gb_s": 2 * 4 * n / median_seconds(write, repeats) / 1e9}
   for name, fn, moved in (("reduce_device_gb_s", read, 4 * n),
                           ("copy_device_gb_s", write, 8 * n)):
-    device_s = device_event_seconds(fn)["device_s"]
+    device_s = device_event_seconds(fn)["device_s"] if traces else None
     rates[name] = moved / device_s / 1e9 if device_s else None
   logging.info("read ceiling (GB/s): %s", ", ".join(
       f"{k[:-5]} {v:.1f}" for k, v in rates.items() if v is not None))

@@ -5,8 +5,10 @@ the summary it ends with."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import jax.numpy as jnp
 import pytest
@@ -15,8 +17,8 @@ from gsi_jax.ops.kernel import TOLERANCE
 from tests.test_experiments import assert_one_error_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["kernel_check", "kernel_timing", "kernel_kept", "decode", "kernel_tests",
-         "kernel_tiles", "scale"]
+STEPS = ["smoke", "launch_floor", "launch_floor_off", "decode_off", "decode", "kernel_timing",
+         "kernel_kept", "kernel_check", "scale"]
 
 
 def run_benchmark(script, args):
@@ -37,13 +39,40 @@ def test_dry_run_passes_every_step(tmp_path):
   s = json.loads((tmp_path / "gpu_summary.json").read_text())
   assert list(s["steps"]) == STEPS
   assert all(step["passed"] for step in s["steps"].values()), s["steps"]
+  assert list(s["limits"]) == STEPS and s["limits_s"] == 345
+  assert all(limit["basis"] for limit in s["limits"].values())
   assert s["ceiling_gb_s"] == max(s["ceiling"]["reduce_gb_s"], s["ceiling"]["copy_gb_s"]) > 0
-  assert s["ceiling"]["reduce_device_gb_s"] is None  # a CPU's trace has no device stream
-  floor = s["ceiling"]["launch_floor"]
-  assert floor["calls"] == 64 and all(floor[kind]["wall_us"] > 0 for kind in ("pallas", "xla"))
-  c = s["correctness"]
-  assert c["cases"] == c["passed"] == 18 and not c["failed"]
-  assert c["tolerance"] == {d.name: TOLERANCE[d] for d in map(jnp.dtype, ("float32", "bfloat16"))}
+  # A CPU's trace has no device stream: the smoke step says so, later steps time by wall clock.
+  assert s["trace_parses"] is False and s["ceiling"]["reduce_device_gb_s"] is None
+  assert "every later step times by wall clock" in proc.stdout
+  for mode, on in (("command_buffers", True), ("no_command_buffers", False)):
+    floor = s["launch_cost"][mode]["launch_floor"]
+    assert floor["calls"] == 64 and floor["command_buffers"] is on
+    assert all(floor[kind]["wall_us"] > 0 and floor[kind]["device_us"] is None
+               for kind in ("pallas", "xla"))
+    assert set(s["launch_cost"][mode]["fit"]) >= {"c_us", "bandwidth_gb_s", "from"}
+  assert s["ceiling"]["launch_floor"] == s["launch_cost"]["command_buffers"]["launch_floor"]
+  programs = {r["method"]: r for r in s["decode_programs"]}
+  assert set(programs) == {"dense", "gsi_static", "gsi_p0.9", "gsi_p0.5", "gsi_eps0",
+                           "sparsity_0.5"}
+  for r in programs.values():  # the deviceless compile's counts at 4 layers, beside the time
+    assert r["seconds_per_token"] > 0 and r["kernels_per_token"] > 0 and r["layers"] == 2
+    assert r["seconds_per_token_28_layers_scaled"] == pytest.approx(
+        14 * r["seconds_per_token"])
+  fit = s["launch_cost"]["command_buffers"]["fit"]
+  for m in ("dense", "gsi_static"):  # the fit reproduces both times it was solved from
+    used = fit["from"][m]
+    rebuilt = used["bytes_per_token"] / (fit["bandwidth_gb_s"] * 1e9) \
+        if fit["bandwidth_gb_s"] else None
+    if rebuilt is not None:
+      assert rebuilt + used["kernels_per_token"] * fit["c_us"] * 1e-6 == pytest.approx(
+          used["seconds_per_token"])
+  calibration = s["calibration_full_depth"]["cascade"]
+  assert calibration["layers"] == 2 and calibration["full_depth_s"] == pytest.approx(
+      calibration["first_layer_s"] + 27 * calibration["later_layer_s"])
+  c = s["correctness"]  # one bf16 case per map and regime
+  assert c["cases"] == c["passed"] == 4 and not c["failed"]
+  assert c["tolerance"] == {"bfloat16": TOLERANCE[jnp.dtype("bfloat16")]}
   calls = s["kernel_calls"]
   # 0.5 of one token rounds to 0; each all-fast call again as a chain of dependent sites
   assert [(r["tokens"], r["fast_share"], r["dependent"]) for r in calls] == [
@@ -59,7 +88,7 @@ def test_dry_run_passes_every_step(tmp_path):
     assert r["relative_error"] <= TOLERANCE[jnp.dtype("bfloat16")]
     assert r["byte_ideal_speedup"] == (rows / r["rows_read"] if r["rows_read"] else None)
   assert [kept[i]["rows_read"] for i in (2, 5, 8, 11)] == [256, 256, 512, 512]  # all kept
-  for r in calls + s["tiles"] + kept:
+  for r in calls + kept:
     assert r["speedup_low"] <= r["speedup"] <= r["speedup_high"] and r["rounds"] == 3
     assert r["kernel_of_ceiling"] == pytest.approx(r["kernel_gb_s"] / s["ceiling_gb_s"])
   # One token reads V_k (d x k) for g, then M (k x O) when fast or W (d x O) when slow:
@@ -78,7 +107,7 @@ def test_dry_run_passes_every_step(tmp_path):
   assert one["gsi_eps0"]["byte_ideal_speedup"] == 1.0  # W alone: V_k is not read
   assert 0.3 < one["sparsity_0.5"]["kept_share"] < 0.7
   assert all("byte_ideal_speedup" not in r for r in decode if r["batch"] == 2)
-  assert s["best_tile"]["tile"] in ("32x128x4", "64x64x4")
+  assert s["best_tile"] is None and "did not run" in s["tiles"]["missing"]  # not in the check
   gptj = s["gptj_6b_shape"]
   assert gptj["shape"] == "gptj-tiny" and gptj["calibration_s"]["cascade"] > 0
   assert set(gptj["calibration_phase_s"]["cascade"]) >= {"forward", "gram", "solve", "compile"}
@@ -98,6 +127,8 @@ def test_summary_reports_missing_steps(tmp_path):
   assert "missing" in s["kernel_calls"] and s["best_tile"] is None
   assert_one_error_line(run_benchmark("gpu_summary.py", [f"--dir={tmp_path / 'nowhere'}"]),
                         "is not a folder")
+  assert_one_error_line(run_benchmark("gpu_summary.py", [
+      f"--dir={tmp_path}", f"--launches={tmp_path / 'none.json'}"]), "--launches: ")
 
 
 FAILING_PYTHON = """#!/bin/sh
@@ -165,7 +196,7 @@ def test_the_summary_reads_only_the_steps_this_run_ran(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--parts=ceiling,speed"], "--parts takes a list of"),
+    (["--parts=smoke,speed"], "--parts takes a list of"),
     (["--maps=4096"], "is not 2 positive whole numbers"),
     (["--maps=2²x512"], "--maps: '2²x512' is not positive whole numbers joined by x"),
     (["--ceiling_gib=inf"], "--ceiling_gib must be a finite number in (0, 1024], got inf"),
@@ -204,7 +235,7 @@ import json, sys
 sys.argv = ["gpu_kernel"]
 from absl import flags
 from benchmarks import gpu_kernel as g
-flags.FLAGS(["gpu_kernel", "--dry", "--parts=ceiling,correct", "--out=" + sys.argv_out])
+flags.FLAGS(["gpu_kernel", "--dry", "--parts=smoke,correct", "--out=" + sys.argv_out])
 c = g.config_from_flags()
 saves = []
 def save(result):  # writes, then stops the run as a time limit would after 3 rows
@@ -232,6 +263,54 @@ def test_a_stopped_kernel_benchmark_keeps_its_rows(tmp_path):
   assert kept["complete"] is False  # saved partway, and says so
   assert kept["ceiling"]["ceiling_gb_s"] > 0 and len(kept["correct"]) == 3
   assert all(r["passed"] for r in kept["correct"])
+
+
+def test_a_decode_step_killed_partway_keeps_its_rows(tmp_path):
+  """gpu_decode.py rewrites its JSON after every method: SIGTERM (what a step's time limit
+  sends) after its first row leaves a valid JSON with that row, marked incomplete."""
+  out = tmp_path / "decode.json"
+  proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_decode.py"),
+                           "--dry", f"--out={out}"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  rows = lambda: [p for b in json.loads(out.read_text())["batches"] for p in b["points"]]
+  try:
+    deadline = time.monotonic() + 240
+    while not (out.exists() and rows()) and proc.poll() is None:
+      assert time.monotonic() < deadline, "no row written in 240 s"
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode == 143, stderr[-2000:]
+  kept = json.loads(out.read_text())
+  assert kept["complete"] is False and rows()[0]["method"] == "gsi_static"
+  assert len(rows()) < 10 and rows()[0]["compile_s"] > 0  # 2 batches x 5 methods when done
+
+
+def test_a_calibration_step_cut_short_keeps_its_layers(tmp_path):
+  """scale.py saves after every calibrated layer: a run stopped after the first (as a time
+  limit would stop it) keeps how far it got, its phases and the layer's time."""
+  from benchmarks import scale
+  saves = []
+  cfg = scale.ScaleConfig(
+      shape="gptj-tiny", checkpoint=None, layers=None, calib_tokens=256, seq_len=64, k=16,
+      methods=("cascade",), eigh_layers=0, dtype="bfloat16", decode_layers=0,
+      decode_dtype="float32", peak_bandwidth_gb_s=0.0, decode_k=16, new_tokens=4, repeats=1,
+      impl="auto", out=str(tmp_path / "scale.json"), in_memory=True)
+
+  def save(result):  # as a time limit would stop it, after the first layer
+    saves.append(json.loads(json.dumps(result)))
+    raise KeyboardInterrupt
+  with pytest.raises(KeyboardInterrupt):
+    scale.run(cfg, save)
+  (first,) = saves
+  progress = first["calibration_progress"]["cascade"]
+  assert progress["layers_done"] == 1 and progress["layers"] == 2
+  assert len(progress["cumulative_layer_s"]) == 1 and progress["cumulative_layer_s"][0] > 0
+  assert set(progress["phase_s"]) >= {"forward", "gram", "solve", "compile"}
+  assert first["shape"] == "gptj-tiny" and first["layers"] == 2
 
 
 H200 = os.path.join(ROOT, "results", "benchmarks", "gpu")
@@ -281,17 +360,20 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
 
 
 def test_the_stated_bound_is_the_sum_of_every_limit():
-  """The header's "at most 540 s" is the device line's timeouts, each step's limit and the
-  summary's timeout: nothing in the script runs unbounded."""
+  """The header's "at most 360 s" is the device line's timeout, each step's limit and the
+  summary's timeout: nothing in the script runs unbounded, and a rerun fits in 15 minutes
+  with the machine's start.  Every step states the basis of its limit."""
   script = open(os.path.join(ROOT, "benchmarks", "gpu_check.sh"), encoding="utf-8").read()
-  steps = [int(s) for s in re.findall(r"^step \w+ (\d+) ", script, re.M)]
+  steps = re.findall(r'^step (\w+) (\d+) "([^"]+)" ', script, re.M)
   timeouts = [int(s) for s in re.findall(r"timeout (\d+) ", script)]
-  assert len(steps) == len(STEPS)
-  assert sum(steps) + sum(timeouts) == 540 and "at most 540 s, 9.0 minutes" in script
-  # Every command outside a step is under a timeout: the device line's two and the summary.
+  assert [name for name, _, _ in steps] == STEPS
+  total = sum(int(limit) for _, limit, _ in steps) + sum(timeouts)
+  assert total == 360 and "at most 360 s, 6.0 minutes" in script
+  assert "the nine steps' limits 345 s" in script
+  # Every command outside a step is under a timeout: the device line and the summary.
   assert re.findall(r"(timeout \d+ )?(nvidia-smi --query|\$PY -c|\$PY benchmarks/gpu_summary)",
-                    script) == [("timeout 10 ", "nvidia-smi --query"), ("timeout 20 ", "$PY -c"),
-                                ("timeout 20 ", "$PY benchmarks/gpu_summary")]
+                    script) == [("timeout 5 ", "nvidia-smi --query"),
+                                ("timeout 10 ", "$PY benchmarks/gpu_summary")]
 
 
 @pytest.mark.parametrize("venv, python, said", [

@@ -96,6 +96,10 @@ def test_the_committed_counts_cover_every_program_and_batch():
   rows = {(r["program"], r["batch"]) for r in result["records"]}
   assert rows == {(p, b) for p in launches.PROGRAMS for b in (1, 4, 16)}
   assert {r["program"] for r in result["check"]["records"]} == set(launches.PROGRAMS)
+  # The depth gpu_check.sh decodes at, whose kernels gpu_summary.py fits a kernel's cost to.
+  assert (result["fit"]["layers"], result["fit"]["batch"]) == (4, 1)
+  assert [r["program"] for r in result["fit"]["records"]] == list(launches.PROGRAMS)
+  assert all(r["kernels"] > 0 and r["compile_s"] > 0 for r in result["fit"]["records"])
   for r in result["records"]:
     dense = next(d for d in result["records"] if d["program"] == "dense"
                  and d["batch"] == r["batch"])

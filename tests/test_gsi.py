@@ -107,6 +107,57 @@ def test_a_decode_decides_eps_once_per_model(tiny):
     assert sum(e.primitive.name == "cond" for e in jaxpr.jaxpr.eqns) == conds
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_g_from_transposed_bases_is_x_V(dtype):
+  """On a GPU a decode reads V_kᵀ (k, d) (`project_over_rows`: one row reduction, where
+  V_k's (d, k) columns are a multiply and a column reduce); g, and with it ‖x‖² from the
+  same reduction, match x V_k and the sum of squares, at one token and at several."""
+  from gsi_jax.ops.gated_linear import (energy, project, project_over_rows,
+                                        project_with_energy, project_with_energy_over_rows)
+  rng = np.random.default_rng(1)
+  V = jnp.asarray(np.linalg.qr(rng.normal(size=(96, 24)))[0], dtype)
+  f32 = lambda a: np.asarray(a, np.float32)
+  tol = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}[dtype]
+  for shape in ((1, 1, 96), (3, 5, 96)):
+    x = jnp.asarray(rng.normal(size=shape), dtype)
+    want = f32(x) @ f32(V)
+    got = project_over_rows(x, V.T)
+    assert got.dtype == dtype and got.shape == shape[:-1] + (24,)
+    np.testing.assert_allclose(f32(got), want, rtol=0, atol=tol * np.abs(want).max())
+    g, xx = project_with_energy_over_rows(x, V.T)
+    assert g.dtype == dtype and xx.dtype == jnp.float32
+    np.testing.assert_allclose(f32(g), want, rtol=0, atol=tol * np.abs(want).max())
+    np.testing.assert_allclose(f32(xx), np.sum(f32(x) ** 2, -1), rtol=1e-5)
+  # Where the program is lowered for cpu, V itself is read, and V_T changes nothing.
+  x = jnp.asarray(rng.normal(size=(1, 1, 96)), dtype)
+  with_t = GatedWeights([jnp.ones((96, 4), dtype)], V, [V.T @ jnp.ones((96, 4), dtype)],
+                        V_T=V.T)
+  np.testing.assert_array_equal(f32(project(x, with_t)), f32(x @ V))
+  g, xx = project_with_energy(x, with_t)
+  np.testing.assert_array_equal(f32(g), f32(x @ V))
+  np.testing.assert_array_equal(f32(xx), f32(energy(x)))
+
+
+def test_a_decode_lays_out_every_basis_transposed(tiny):
+  """`with_transposed_bases` adds V_T = V_kᵀ beside every V_k, the GSI head's too, and
+  nothing where there is no basis; the tree it was given is left as it was."""
+  model, bases, _ = tiny("gpt2")
+  params = gsi_jax.apply_gsi(model.params, bases, 8)
+  d = P.head_shape(params)[0]
+  params = gsi_jax.apply_gsi_head(
+      params, np.linalg.qr(np.random.default_rng(2).normal(size=(d, 4)))[0], 4)
+  laid = P.with_transposed_bases(params)
+  nodes = [(layer, site) for layer, sites in P.site_kernels(params).items() for site in sites]
+  for layer, site in nodes:
+    assert P.V_T not in params[layer][site]
+    np.testing.assert_array_equal(laid[layer][site][P.V_T], params[layer][site][P.V].T)
+  assert P.V_T not in P.head(params)
+  np.testing.assert_array_equal(laid[P.LM_HEAD][P.V_T], params[P.LM_HEAD][P.V].T)
+  dense = P.with_transposed_bases(model.params)
+  assert jax.tree.structure(dense) == jax.tree.structure(model.params)
+  assert all(a is b for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(model.params)))
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_full_rank_is_dense(tiny, name):
   model, bases, widest = tiny(name)

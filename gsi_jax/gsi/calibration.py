@@ -287,7 +287,8 @@ def _add_grams(grams, inputs, mesh):
 
 def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_len: int = 256,
               batch_size: int = 4, source: str = "", progress: bool = True,
-              resume_dir: str | None = None, mesh: Mesh | None = None) -> Bases:
+              resume_dir: str | None = None, mesh: Mesh | None = None,
+              on_layer=None) -> Bases:
   """Bases for every site, streamed layer by layer over the windows of `token_ids`.
 
   token_ids: a 1-D array of ids (cut into windows of seq_len) or (N, seq_len).
@@ -297,6 +298,8 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   same model, text and settings resumes after the last layer found there.
   mesh: shard the weights by columns (as sharding.shard_params) and the Gram
   matrices by rows across its devices.
+  on_layer(done, layers, phase_seconds): called after each layer is solved (a benchmark
+  saves what it measured so far).
   """
   k_max, seq_len = whole("k_max", k_max), whole("seq_len", seq_len, 2)
   batch_size = whole("batch_size", batch_size)
@@ -316,7 +319,7 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   # A second run on the same resume_dir waits, then resumes after this one's layers.
   with exclusive(resume_dir) if store else contextlib.nullcontext():
     bases = _stream_layers(model, params, ids, k_max, method, batch_size, progress, store,
-                           mesh)
+                           mesh, on_layer)
   bases.meta.update(meta)
   return bases
 
@@ -336,20 +339,22 @@ def _phase(seconds: dict, name: str, compiles: CompileEvents):
 
 
 def _stream_layers(model, params, ids, k_max: int, method: str, batch_size: int,
-                   progress: bool, store: LayerProgress | None, mesh: Mesh | None) -> Bases:
+                   progress: bool, store: LayerProgress | None, mesh: Mesh | None,
+                   on_layer=None) -> Bases:
   """calibrate's loop, each layer's phases timed apart: forward, Gram matrices, solve,
   copy to the host and save, then the next layer."""
   with CompileEvents() as compiles:
     seconds = dict.fromkeys(PHASES, 0.0)
     bases, first_layer_programs = _layer_loop(model, params, ids, k_max, method, batch_size,
-                                              progress, store, mesh, seconds, compiles)
+                                              progress, store, mesh, seconds, compiles,
+                                              on_layer)
   bases.meta.update(phase_seconds=seconds, programs_compiled=compiles.programs,
                     programs_compiled_after_first_layer=compiles.programs - first_layer_programs)
   return bases
 
 
 def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, mesh,
-                seconds: dict, compiles: CompileEvents) -> tuple[Bases, int]:
+                seconds: dict, compiles: CompileEvents, on_layer=None) -> tuple[Bases, int]:
   """(bases, programs compiled up to the end of the first layer this run computed)."""
   first_layer_programs = compiles.programs
   layer_names = P.layers(P.site_kernels(params))
@@ -419,4 +424,6 @@ def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, 
       logging.info("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f s); "
                    "ETA %.0f s", method, layer, index + 1, len(layer_names), time.time() - t0,
                    forward_s, time.time() - t0 - forward_s, eta)
+    if on_layer is not None:
+      on_layer(index + 1, len(layer_names), dict(seconds))
   return _bases(vectors, eigenvalues, trace, costs, method, k_max), first_layer_programs

@@ -32,7 +32,7 @@ def gated_weights(module: nn.Module, W: list, W_transposed: bool = False) -> Gat
   sketch = get(P.SKETCH)
   return GatedWeights(W=W, V=get(P.V), M=[get(P.M)[n] for n in names],
                       sketch=None if sketch is None else (sketch, get(P.SKETCH_M)),
-                      rungs=get(P.LADDER), W_transposed=W_transposed)
+                      rungs=get(P.LADDER), W_transposed=W_transposed, V_T=get(P.V_T))
 
 
 class LinearSite(nn.Module):

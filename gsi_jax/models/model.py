@@ -57,6 +57,7 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   last token.
   """
   B, L = ids_BL.shape
+  params = P.with_transposed_bases(params)  # once, before the loop
   dtype = jax.tree.leaves(params["embed"])[0].dtype
   cache = init_cache(module.config, B, L + max_new_tokens, dtype)
 

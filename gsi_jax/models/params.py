@@ -7,7 +7,8 @@
 Sites: attn_in (q, k, v; GPT-J's fc_in too), attn_out (o), mlp_in (fc_in, or
 gate and up), mlp_out (fc_out or down).  GSI adds to a site (or to the LM head)
   V: the basis V_k (d, k);  M/{map}: V_kᵀ W (k, O);
-and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
+a decode adds  V_T: V_kᵀ (k, d), made once before its loop and never stored
+(`with_transposed_bases`); and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
 ranks),  eps (a site's own gate threshold, learned: `gsi_jax.allocation`),
 residual_threshold (subspace plus sparse residual: y = g M + r_S W_S, no gate).
 Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 KERNEL, BIAS = "kernel", "bias"
 V, M = "V", "M"
+V_T = "V_T"  # V_kᵀ (k, d): made by a decode (`with_transposed_bases`), never stored
 SKETCH, SKETCH_M, LADDER = "sketch", "sketch_M", "ladder"
 EPS = "eps"
 RESIDUAL_THRESHOLD = "residual_threshold"
@@ -130,6 +132,20 @@ def head_shape(params) -> tuple[int, int]:
 
 def has_gsi(node) -> bool:
   return V in node
+
+
+def with_transposed_bases(params):
+  """params with V_T = V_kᵀ (k, d) beside every V_k (sites and LM head), for a decode to
+  make once, before its loop.  On a GPU, g = x V_k over (k, d) rows is one row-reduction
+  kernel; over V_k's own (d, k) columns XLA's GPU compiler (which strength-reduces a
+  one-token dot this small into a multiply and a reduce) launches a multiply that writes
+  x·V_k and a column reduce on two blocks."""
+  def walk(node):
+    if not isinstance(node, dict):
+      return node
+    node = {key: walk(value) for key, value in node.items()}
+    return {**node, V_T: node[V].T} if V in node else node
+  return walk(params)
 
 
 def with_site(params, layer: str, site: str, extra: dict):

@@ -27,6 +27,7 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Sequence
 
 import jax
@@ -35,14 +36,16 @@ from jax import lax
 
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
-from gsi_jax.ops.gate import (Gate, coin_fast, gate_mask, ladder_ranks, output_gate_mask,
-                              soft_fast, straight_through)
+from gsi_jax.ops.gate import (Gate, coin_fast, fires, gate_mask, ladder_ranks,
+                              output_gate_mask, soft_fast, straight_through)
 
 
 class GatedWeights(NamedTuple):
   """One site's weights: per map W (d, O) and M (k, O), and the shared basis V (d, k).
 
   W_transposed: W is stored (O, d) (a tied LM head reads the embedding table).
+  V_T: V transposed (k, d), where a decode laid it out (`models.params.with_transposed_bases`):
+  a program lowered for a GPU or TPU then computes g from it (`project`).
   sketch (C_DS, D_KS): the output-aware gate; rungs (R,) int: the rank ladder.
   """
   W: Sequence[jax.Array]
@@ -51,6 +54,55 @@ class GatedWeights(NamedTuple):
   sketch: tuple[jax.Array, jax.Array] | None = None
   rungs: jax.Array | None = None
   W_transposed: bool = False
+  V_T: jax.Array | None = None
+
+
+def energy(x_BTD: jax.Array) -> jax.Array:
+  """‖x‖² per token, in float32."""
+  return jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
+
+
+def project_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
+  """g = x V_k read from V_kᵀ (k, d): a row reduction over d, which XLA's GPU compiler
+  emits as one kernel, where over V_k's own (d, k) columns it strength-reduces the
+  one-token product into a multiply writing x·V_k and a column reduce: two."""
+  return lax.dot_general(x_BTD, V_KD, (((x_BTD.ndim - 1,), (1,)), ((), ())))
+
+
+def project_with_energy_over_rows(x_BTD: jax.Array, V_KD: jax.Array):
+  """(g, ‖x‖²) from one row reduction over d: V_kᵀ's k rows times x, and x itself as a
+  (k+1)-th row; g in x's dtype, ‖x‖² in float32."""
+  x32 = x_BTD.astype(jnp.float32)[..., None, :]
+  V32 = V_KD.astype(jnp.float32).reshape((1,) * (x_BTD.ndim - 1) + V_KD.shape)
+  both = jnp.sum(jnp.concatenate([V32 * x32, jnp.square(x32)], -2), -1)
+  return both[..., :-1].astype(x_BTD.dtype), both[..., -1]
+
+
+def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
+  """g = x V_k: from V_T (`project_over_rows`) where a decode laid it out and the program
+  is lowered for a GPU or TPU; cpu keeps V."""
+  if weights.V_T is None:
+    return x_BTD @ weights.V
+  return lax.platform_dependent(x_BTD, weights.V, weights.V_T,
+                                cpu=lambda x, V, V_KD: x @ V,
+                                default=lambda x, V, V_KD: project_over_rows(x, V_KD))
+
+
+def project_with_energy(x_BTD: jax.Array, weights: GatedWeights):
+  """(g, ‖x‖² in float32) per token: at one token with V_T, lowered for a GPU or TPU, from
+  one row reduction (`project_with_energy_over_rows`); elsewhere `project` and `energy`."""
+  if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
+    return project(x_BTD, weights), energy(x_BTD)
+  return lax.platform_dependent(
+      x_BTD, weights.V, weights.V_T, cpu=lambda x, V, V_KD: (x @ V, energy(x)),
+      default=lambda x, V, V_KD: project_with_energy_over_rows(x, V_KD))
+
+
+def plain_gate(x_BTD: jax.Array, weights: GatedWeights, eps):
+  """(g, ρ < ε per token): `gate_mask`'s decision, with g and ‖x‖² from one reduction
+  where `project_with_energy` can."""
+  g_BTK, xx = project_with_energy(x_BTD, weights)
+  return g_BTK, fires(xx - jnp.sum(jnp.square(g_BTK.astype(jnp.float32)), -1), xx, eps)
 
 
 def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> jax.Array:
@@ -80,7 +132,7 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
   each token read (B, T): k, the ladder rung it stopped at, or 0 where the xla path
   skipped V_k (ε ≤ 0).  In mode "soft" the mask is the hard one forward and
   `soft_fast`'s backward (a float), and the outputs mix both products by it."""
-  g_BTK = x_BTD @ weights.V
+  g_BTK = project(x_BTD, weights)
   k = weights.V.shape[1]
   rank_BT = jnp.full(x_BTD.shape[:-1], k, jnp.int32)
   if gate.mode == "soft":
@@ -114,15 +166,18 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
 
     def gated():  # g inside the branch, so ε ≤ 0 skips it (the g above is then unused)
-      g = x_BTD @ weights.V
-      fast = gate_mask(x_BTD, g, eps)
+      g, fast = plain_gate(x_BTD, weights, eps)
       return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
     return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
     if fast_BT is None:
       def gated():  # g inside the branch, as on the xla path
-        ys, fast = _pallas(x_BTD, x_BTD @ weights.V, eps, weights)
+        if math.prod(x_BTD.shape[:-1]) != 1:  # the kernel's wrapper decides each token
+          ys, fast = _pallas(x_BTD, project(x_BTD, weights), eps, weights)
+          return ys, fast, rank_BT
+        g, fast = plain_gate(x_BTD, weights, eps)  # g and ‖x‖² from one reduction
+        ys, _ = _pallas(x_BTD, g, fast.reshape(-1), weights)
         return ys, fast, rank_BT
       return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
     # decided above (static, coin, ladder, sketch): the decision goes to the kernel as it
