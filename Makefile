@@ -134,7 +134,7 @@ clean:
 # shares the cores they are timed on.  It does not write the single pareto runs
 # (pareto_rank, pareto_rsparse, pareto_speed: their commands are in RESULTS.md) or
 # results/benchmarks/ (make benchmarks, make scale), except make_results.json: the run's
-# wall time and each step's (benchmarks/results_cost.py).
+# wall time and each step's (tools/results_cost.py).
 # Cost on a 2-core Intel Xeon (2026-12-05, make_results.json): 80.3 min in all.  Storage
 # 0.2 min (bases restored); the eight untimed steps two at a time 13.7 (quality 7.1, control
 # 6.0, speedup 5.6, small-eps 2.5, theorem4 2.1, fidelity 2.0, notebook 1.2, depth 0.2, each
@@ -157,7 +157,7 @@ results: $(STAMP_NOTEBOOK)
 	  --rsparse_ranks 8,32 --rsparse_sparsity 0.4,0.5 --rsparse_recipe_sparsity 0.5 \
 	  --rsparse_alpha 0.9,1.0 --learned_residual_k 16 --learned_rank_max 64 \
 	  --cats_sparsity 0,0.2,0.3,0.4,0.5
-	$(PY) benchmarks/results_cost.py --started $$(cat .results_started) \
+	$(PY) tools/results_cost.py --started $$(cat .results_started) \
 	  --out results/benchmarks/make_results.json
 
 results-quality:
@@ -195,8 +195,8 @@ benchmarks: $(STAMP)
 	  --out results/benchmarks/decode_dense_equivalents.json
 	$(PY) benchmarks/calibration.py
 	$(PY) benchmarks/memory_plan.py
-	$(PY) benchmarks/compile_flags.py
-	$(PY) benchmarks/import_cost.py
+	$(PY) tools/compile_flags.py
+	$(PY) tools/import_cost.py
 
 # Paper scale (RESULTS.md section 13): random-weight checkpoints of the published shapes,
 # 12-13 GB each, written outside the repository; about 20 minutes per shape here.

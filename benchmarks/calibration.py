@@ -15,7 +15,7 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, experiment, text
-from gsi_jax.benchmarking import peak_rss_mib
+from gsi_jax.measure.benchmarking import peak_rss_mib
 from gsi_jax.errors import GSIError
 
 _MODEL = flags.DEFINE_string("model", gsi_jax.DEFAULT_MODEL, "Preset, .gguf, HF folder or hub id.")

@@ -29,8 +29,8 @@ from absl import flags
 
 import gsi_jax
 from gsi_jax import cli, experiment, metrics, peers, text
-from gsi_jax import benchmarking
-from gsi_jax.benchmarking import (best_time, decode_beside, decode_tokens_per_s, peak_rss_mib,
+from gsi_jax.measure import benchmarking
+from gsi_jax.measure.benchmarking import (best_time, decode_beside, decode_tokens_per_s, peak_rss_mib,
                                   ratio_text)
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases

@@ -36,7 +36,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment, make_gate, metrics, peers
-from gsi_jax.benchmarking import decode_beside_each, ratio_text
+from gsi_jax.measure.benchmarking import decode_beside_each, ratio_text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.transform import images, site_rank
 from gsi_jax.loading import synthetic

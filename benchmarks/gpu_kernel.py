@@ -59,7 +59,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS, chained_calls,
+from gsi_jax.measure.benchmarking import (LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS, chained_calls,
                                   device_event_seconds, interval_fields, median_seconds,
                                   ratio_text, read_ceiling, timed_pair)
 from gsi_jax.errors import GSIError

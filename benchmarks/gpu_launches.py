@@ -29,7 +29,7 @@ import time
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
+from gsi_jax.measure.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
 from gsi_jax.errors import GSIError
 from gsi_jax.gpu import launches
 from gsi_jax.models import ModelConfig

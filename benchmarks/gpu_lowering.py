@@ -2,7 +2,7 @@
 
   python benchmarks/gpu_lowering.py --out results/benchmarks/gpu_lowering.json
 
-1. The kernel at every map shape of the paper's models (`lowering.PAPER_MODELS`), bf16
+1. The kernel at every map shape of the paper's models (`programs.PAPER_MODELS`), bf16
    and f32, 1 to 2048 tokens, exported for each platform (`jax.export`): kernel calls,
    other custom calls, interpret-mode loops, and the launch against the tile plan.
 2. The default model's forward and decode step exported for cuda, rocm and tpu: kernel
@@ -32,7 +32,8 @@ import os
 import jax
 from absl import flags
 
-from gsi_jax import cli, experiment, lowering, methods
+from gsi_jax import cli, experiment, methods
+from gsi_jax.gpu import binaries, programs
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.gsi.cache import cached_bases
@@ -139,25 +140,25 @@ def main(argv):
     experiment.write_json(out, record(rows))
     return
   out = experiment.check_output_path(_OUT.value)
-  triton = lowering.cpu_triton()  # before any compute
-  maps = lowering.paper_maps()
+  triton = binaries.cpu_triton()  # before any compute
+  maps = programs.paper_maps()
   records = []
   for platform in tiling.PLATFORMS:
     for d, d_out, transposed in maps:
-      for tokens in lowering.LOWERING_TOKENS:
-        for dtype in lowering.LOWERING_DTYPES:
-          records.append(lowering.lower_map(platform, tokens, d, d_out, dtype, transposed))
+      for tokens in programs.LOWERING_TOKENS:
+        for dtype in programs.LOWERING_DTYPES:
+          records.append(programs.lower_map(platform, tokens, d, d_out, dtype, transposed))
     logging.info("%s: %d map cases lowered", platform, len(maps) * 8)
   default = ModelConfig.smollm2_135m()
-  models = [lowering.lower_model(default, platform, impl, head_k)
+  models = [programs.lower_model(default, platform, impl, head_k)
             for platform in ("cuda", "rocm", "tpu")
             for impl, head_k in (("pallas", 0), ("pallas", 256), ("auto", 0))]
   for m in models:
     logging.info("%s %s head=%s: %d gated maps, %d / %d kernel calls (forward / decode step)",
                  m["platform"], m["impl"], m["gated_head"], m["gated_maps"],
                  m["forward_kernel_calls"], m["decode_step_kernel_calls"])
-  sites = [r for platform in lowering.ARCHES for tokens in (1, 16)
-           for r in lowering.gptj_site_launches(platform, tokens)]
+  sites = [r for platform in programs.ARCHES for tokens in (1, 16)
+           for r in programs.gptj_site_launches(platform, tokens)]
   for r in sites:
     logging.info("GPT-J %s, %s, %d tokens: %d launches, other ops %s", r["site"],
                  r["platform"], r["tokens"], r["launches"], r["other_ops"] or "none")
@@ -165,15 +166,15 @@ def main(argv):
       "%s %s %s %s T=%d d=%d O=%s: %d registers, %d B spilled, %d B shared, grid %s",
       r["platform"], r["arch"], r["regime"], r["dtype"], r["tokens"], r["d"], r["out"],
       r["registers"], r["spill_bytes"], r["shared_bytes"], r["grid"])
-  binaries = lowering.plan_binaries(progress=show)
+  compiled = binaries.plan_binaries(progress=show)
   experiment.write_json(out, {
       "jax_version": jax.__version__, "triton_version": triton.__version__,
       "what": "lowered and compiled on a CPU, not run",
-      "maps": {"models": [c.name for c in lowering.PAPER_MODELS], "shapes": len(maps),
-               "tokens": list(lowering.LOWERING_TOKENS),
-               "dtypes": list(lowering.LOWERING_DTYPES), "by_platform": map_summary(records)},
-      "models": models, "gptj_sites": sites, "decode_bandwidth": lowering.gptj_decode_bandwidth(),
-      "binaries": binaries, "kept_binaries": lowering.kept_binaries()})
+      "maps": {"models": [c.name for c in programs.PAPER_MODELS], "shapes": len(maps),
+               "tokens": list(programs.LOWERING_TOKENS),
+               "dtypes": list(programs.LOWERING_DTYPES), "by_platform": map_summary(records)},
+      "models": models, "gptj_sites": sites, "decode_bandwidth": binaries.gptj_decode_bandwidth(),
+      "binaries": compiled, "kept_binaries": binaries.kept_binaries()})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ t mod copies, in a jitted scan; dense cycles through the same W copies in the
 same process.  Tokens are drawn so that a chosen share lies in span(V_k) (fast)
 and the rest does not.
 Dense and GSI scans alternate in --repeats paired rounds: measured_speedup is the
-median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.benchmarking`).
+median of the per-round ratios, with a bootstrap 95% interval (`gsi_jax.measure.benchmarking`).
 Byte-ideal speedup: the ratio of the byte formula (`gsi_jax.metrics.bytes`).
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (available_memory_bytes, copies_plan, interval_fields,
+from gsi_jax.measure.benchmarking import (available_memory_bytes, copies_plan, interval_fields,
                                   last_level_cache_bytes, ratio_text, scan_over_copies,
                                   timed_pair)
 from gsi_jax.errors import GSIError

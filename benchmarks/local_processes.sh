@@ -16,7 +16,7 @@ fi
 n=$1; shift
 python=${PYTHON:-.venv/bin/python}
 # A free port below the ephemeral range, which no outgoing connection can take first.
-port=$("$python" -c 'from gsi_jax.distributed import coordinator_port; print(coordinator_port())')
+port=$("$python" -c 'from gsi_jax.runtime.distributed import coordinator_port; print(coordinator_port())')
 pids=()
 
 interrupt() {  # interrupt SIGNAL STATUS: pass the signal on, wait for every process, exit

@@ -3,7 +3,7 @@ hosts, from their parameter shapes, checked against measured runs.
 
   python benchmarks/memory_plan.py --out results/benchmarks/memory_plan.json
 
-The model (gsi_jax/footprint.py): each device holds the replicated leaves, its column
+The model (gsi_jax/measure/footprint.py): each device holds the replicated leaves, its column
 share of the split ones, its rows of one layer's float32 Gram matrices and the
 replicated calibration windows.  A host running one process per device adds a constant
 per phase (runtime and transients), fitted on `--fit_on`, a one-process
@@ -15,7 +15,8 @@ import logging
 
 from absl import flags
 
-from gsi_jax import cli, experiment, footprint, text
+from gsi_jax import cli, experiment, text
+from gsi_jax.measure import footprint
 from gsi_jax.errors import GSIError
 from gsi_jax.loading import synthetic
 

@@ -44,8 +44,9 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import cli, distributed, experiment, metrics, sharding
-from gsi_jax.benchmarking import PeakMemory, decode_beside, decode_tokens_per_s, ratio_text
+from gsi_jax import cli, experiment, metrics
+from gsi_jax.runtime import distributed, sharding
+from gsi_jax.measure.benchmarking import PeakMemory, decode_beside, decode_tokens_per_s, ratio_text
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi import solvers
 from gsi_jax.gsi.calibration import METHODS, gram_matrices

@@ -32,7 +32,7 @@ from absl import flags
 from jax import lax
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import (interval_fields, last_level_cache_bytes, ratio_text,
+from gsi_jax.measure.benchmarking import (interval_fields, last_level_cache_bytes, ratio_text,
                                   scan_over_copies, timed_pair)
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import cpu_kernels

@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt
 from absl import flags
 
 from gsi_jax import cli, experiment, methods
-from gsi_jax.benchmarking import MIN_ROUNDS
+from gsi_jax.measure.benchmarking import MIN_ROUNDS
 from gsi_jax.errors import GSIError
 from gsi_jax.experiment import ExperimentConfig
 from gsi_jax.methods.context import Context

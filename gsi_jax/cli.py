@@ -19,7 +19,9 @@ from typing import Callable
 
 from absl import app, flags
 
-from gsi_jax import distributed, experiment, provenance, supervisor, text
+from gsi_jax import experiment, text
+from gsi_jax.measure import provenance
+from gsi_jax.runtime import distributed, supervisor
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
 from gsi_jax.loading import DEFAULT_MODEL
@@ -107,7 +109,7 @@ def _unraisable(hook):
 
 
 def define_process_flags() -> None:
-  """How a process joins the others (gsi_jax.distributed); every script has them."""
+  """How a process joins the others (gsi_jax.runtime.distributed); every script has them."""
   if "coordinator_address" in FLAGS:
     return
   flags.DEFINE_string("coordinator_address", "", "host:port of process 0, to run as one of "
@@ -128,7 +130,7 @@ def process_config() -> distributed.ProcessConfig:
 
 
 def _supervise(config: distributed.ProcessConfig) -> int:
-  """This process of several runs as a supervised child (gsi_jax.supervisor)."""
+  """This process of several runs as a supervised child (gsi_jax.runtime.supervisor)."""
   process = "auto" if config.process_id is None else str(config.process_id)
   out = FLAGS["out"].value if "out" in FLAGS else None
   script = os.path.splitext(os.path.basename(sys.argv[0]))[0]

@@ -18,7 +18,8 @@ import numpy as np
 from absl import flags
 
 import gsi_jax
-from gsi_jax import benchmarking, cli, experiment, metrics, progress, provenance, text
+from gsi_jax import cli, experiment, metrics, progress, text
+from gsi_jax.measure import benchmarking, provenance
 from gsi_jax.errors import GSIError
 from gsi_jax.methods.evaluate import best_dense
 

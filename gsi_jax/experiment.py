@@ -16,7 +16,9 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from gsi_jax import distributed, progress, provenance, sharding, text
+from gsi_jax import progress, text
+from gsi_jax.measure import provenance
+from gsi_jax.runtime import distributed, sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR, cached_bases
 from gsi_jax.gsi.calibration import METHODS

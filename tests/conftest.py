@@ -18,7 +18,7 @@ for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
 # compile with XLA's cheapest CPU code generation (tests/compile_flags.py), only where they
 # pin the CPU (the Makefile, gpu_check's dry run), and where XLA_FLAGS is unset: a GPU's own
 # code generation is left as XLA sets it, and an empty XLA_FLAGS keeps XLA's defaults (as
-# benchmarks/compile_flags.py sets it to compare the two).  Scripts a test starts inherit
+# tools/compile_flags.py sets it to compare the two).  Scripts a test starts inherit
 # the flags; a test that sets XLA_FLAGS for its scripts adds to them (`with_xla_flags`).
 from tests.compile_flags import cheap_compile_flags  # pylint: disable=wrong-import-position
 

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from gsi_jax.distributed import coordinator_port
+from gsi_jax.runtime.distributed import coordinator_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CALIB = (np.arange(192, dtype=np.int32) * 7 % 97 + 1).reshape(-1, 16)
@@ -98,7 +98,7 @@ def main(argv):
   from absl import flags
 
   import gsi_jax
-  from gsi_jax import distributed, sharding
+  from gsi_jax.runtime import distributed, sharding
   mode, out = flags.FLAGS.mode, flags.FLAGS.out_dir
   mesh = sharding.make_mesh()
   model = gsi_jax.load_model(flags.FLAGS.model_path, mesh=mesh)

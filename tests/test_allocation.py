@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import GSIError, allocation, greedy_sparsity, make_gate, metrics, peers
+from gsi_jax import GSIError, make_gate, metrics, peers
+from gsi_jax.peers import allocation, greedy_sparsity
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 

@@ -10,7 +10,7 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from gsi_jax import benchmarking
+from gsi_jax.measure import benchmarking
 from gsi_jax.errors import GSIError
 from tests.test_experiments import assert_one_error_line
 
@@ -192,7 +192,7 @@ def test_conditionals_own_time_is_their_span_less_their_ops():
     (["--rounds=0"], "--rounds must be a positive whole number"),
     (["--out=/"], "--out: / is a folder")])
 def test_import_cost_benchmark_bad_flags_exit_2(bad, message):
-  """benchmarks/import_cost.py checks its flags before it downloads anything."""
-  proc = subprocess.run([sys.executable, "benchmarks/import_cost.py", *bad], cwd=ROOT,
+  """tools/import_cost.py checks its flags before it downloads anything."""
+  proc = subprocess.run([sys.executable, "tools/import_cost.py", *bad], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
   assert_one_error_line(proc, message)

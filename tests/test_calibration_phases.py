@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 from gsi_jax.gsi import calibration, solvers
 from gsi_jax.loading import synthetic
 

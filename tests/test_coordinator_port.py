@@ -3,7 +3,7 @@ outgoing connections draw their source ports from (so none can take it first).""
 
 import socket
 
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 
 
 def test_the_port_lies_below_the_ephemeral_range_and_is_free():

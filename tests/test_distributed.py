@@ -13,7 +13,7 @@ import pytest
 
 import gsi_jax
 from gsi_jax import GSIError
-from gsi_jax.distributed import ProcessConfig
+from gsi_jax.runtime.distributed import ProcessConfig
 from tests.multiprocess import CALIB, K, PROMPT, launch, reference, start
 
 MODEL = "llama_mha"

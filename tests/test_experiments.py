@@ -437,7 +437,7 @@ def test_strict_json_never_writes_bare_infinity(tmp_path):
 
 
 def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
-  """benchmarks/results_cost.py: the run's wall time, and each JSON written since it started
+  """tools/results_cost.py: the run's wall time, and each JSON written since it started
   with the wall and CPU time that JSON records; older JSON is left out; the CPU time over the
   cores is the floor no packing of the steps beats."""
   results = tmp_path / "results"
@@ -449,7 +449,7 @@ def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
                                                                        "cpu_s": 63.0}}))
   out = tmp_path / "cost.json"
   proc = run_script([f"--started={started}", f"--results_dir={results}", f"--out={out}"],
-                    script="results_cost.py", folder="benchmarks")
+                    script="results_cost.py", folder="tools")
   assert proc.returncode == 0, proc.stderr[-2000:]
   cost = json.loads(out.read_text())
   assert [(r["json"], r["wall_s"]) for r in cost["records"]] == [("new.json", 42.0)]
@@ -468,7 +468,7 @@ def test_results_cost_lists_the_json_a_run_wrote(tmp_path):
 ])
 def test_results_cost_bad_flags_exit_2(args, message):
   assert_one_error_line(run_script(args + ["--out=/tmp/unused.json"], script="results_cost.py",
-                                   folder="benchmarks"), message)
+                                   folder="tools"), message)
 
 
 EXPERIMENTS = sorted(name[:-3] for name in os.listdir(os.path.join(ROOT, "experiments"))

@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import gsi_jax
-from gsi_jax import make_gate, metrics, peers, sharding
+from gsi_jax import make_gate, metrics, peers
+from gsi_jax.runtime import sharding
 from gsi_jax.gsi import calibration
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P

@@ -12,25 +12,25 @@ from collections import Counter
 import jax.numpy as jnp
 import pytest
 
-from gsi_jax import lowering
+from gsi_jax.gpu import binaries, programs
 from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
 from tests.conftest import once_per_run
 
 triton = pytest.importorskip("triton")
-if triton.__version__ != lowering.CPU_TRITON_VERSION:  # make test puts the pinned one first
-  pytest.skip(f"triton {triton.__version__} is not the pinned {lowering.CPU_TRITON_VERSION}; "
+if triton.__version__ != binaries.CPU_TRITON_VERSION:  # make test puts the pinned one first
+  pytest.skip(f"triton {triton.__version__} is not the pinned {binaries.CPU_TRITON_VERSION}; "
               "run with PYTHONPATH=.venv/cpu-triton", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory, worker_id):
-  return once_per_run(tmp_path_factory, worker_id, "plan_binaries", lowering.plan_binaries)
+  return once_per_run(tmp_path_factory, worker_id, "plan_binaries", binaries.plan_binaries)
 
 
 @pytest.fixture(scope="module")
 def kept_records(tmp_path_factory, worker_id):
-  return once_per_run(tmp_path_factory, worker_id, "kept_binaries", lowering.kept_binaries)
+  return once_per_run(tmp_path_factory, worker_id, "kept_binaries", binaries.kept_binaries)
 
 
 def _where(r) -> str:
@@ -43,16 +43,16 @@ def test_every_plan_compiles_and_fits(records, kept_records):
   that Little's law asks; float32's batch tiles (IEEE products on CUDA cores) hold at least
   1 on an H200, without spilling."""
   assert {(r["platform"], r["regime"]) for r in records} == \
-      {(p, regime) for p in lowering.ARCHES for regime in lowering.PLAN_CASES}
+      {(p, regime) for p in programs.ARCHES for regime in binaries.PLAN_CASES}
   assert {(r["kernel"], r["arch"], r["tokens"]) for r in kept_records} == \
       {(k, a, t) for k in ("kept_rows", "kept_dots") for a in ("sm_90", "gfx942") for t in (1, 16)}
   for r in records + kept_records:
     assert r["spill_bytes"] == 0, _where(r)
     assert 0 < r["registers"] <= 256, _where(r)
     if r["arch"] == "gfx942":
-      assert r["shared_bytes"] <= lowering.GFX942_LDS, _where(r)
+      assert r["shared_bytes"] <= binaries.GFX942_LDS, _where(r)
     bf16 = r["dtype"] == "bfloat16"
-    assert r["programs_per_unit"] >= (lowering.RESIDENT_AT_LEAST if bf16 else 1), _where(r)
+    assert r["programs_per_unit"] >= (binaries.RESIDENT_AT_LEAST if bf16 else 1), _where(r)
     if bf16 and r.get("regime", "decode") != "prefill":
       assert r["in_flight_bytes_per_unit"] >= r["needed_bytes_per_unit"], _where(r)
 
@@ -99,7 +99,7 @@ $L__BB0_3:
   shfl.sync.bfly.b32 %r5, %r6, 16, 31, -1;
   shfl.sync.idx.b32 %r7, %r8, 0, 31, -1;
 """
-  profile = lowering.loop_profile(ptx, "sm_90")
+  profile = binaries.loop_profile(ptx, "sm_90")
   assert profile["loops"] == 1
   assert profile["in_loops"] == {"shuffles": 1, "barriers": 1, "loads_16B": 1, "loads": 1,
                                  "async_copies": 0}
@@ -111,7 +111,7 @@ $L__BB0_3:
   s_barrier
   s_cbranch_scc1 .LBB0_4
 """
-  assert lowering.loop_profile(amdgcn, "gfx942")["in_loops"] == {
+  assert binaries.loop_profile(amdgcn, "gfx942")["in_loops"] == {
       "shuffles": 1, "barriers": 1, "loads_16B": 1, "loads": 1, "async_copies": 0}
 
 
@@ -144,9 +144,9 @@ def test_committed_figures_are_current(records, kept_records):
 def _global_loads(m_cols, out=50257):
   """The sm_90 PTX global loads of GPT-2's tied head at one token in bf16 (the decode
   plan), with M stored with m_cols columns."""
-  exported = lowering.gated_matmul_export("cuda", 1, 768, 256, out, jnp.bfloat16, True, m_cols)
-  [call] = lowering.triton_calls(exported)
-  ptx = lowering.compile_call(call, "sm_90").asm["ptx"]
+  exported = programs.gated_matmul_export("cuda", 1, 768, 256, out, jnp.bfloat16, True, m_cols)
+  [call] = programs.triton_calls(exported)
+  ptx = binaries.compile_call(call, "sm_90").asm["ptx"]
   # By width, the cache hints (.L1::evict_first, .L2::cache_hint) left out.
   return Counter(re.sub(r"\.L[12]::\w+", "", load)
                  for load in re.findall(r"ld\.global[.\w:]*", ptx))

@@ -62,7 +62,7 @@ def test_the_launch_floor_is_one_command_buffer_of_every_call():
   """The committed compile: each launch-floor program (a Pallas kernel, an XLA fusion) runs
   its LAUNCH_FLOOR_CALLS calls as one CUDA graph, as a decode's kernels run, and launches
   nothing outside it (a loop would have timed a host launch and a condition per call)."""
-  from gsi_jax.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
+  from gsi_jax.measure.benchmarking import LAUNCH_FLOOR_CALLS, LAUNCH_FLOOR_KINDS
   floor = committed()["launch_floor"]
   assert floor["calls"] == LAUNCH_FLOOR_CALLS
   for kind in LAUNCH_FLOOR_KINDS:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gsi_jax import lowering
+from gsi_jax.gpu import binaries, programs
 from gsi_jax.gsi import calibration, solvers
 from gsi_jax.loading.load import param_shapes
 from gsi_jax.models import ModelConfig
@@ -21,7 +21,7 @@ from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block
 from gsi_jax.ops import tiling
 
-GPU = tuple(lowering.ARCHES)
+GPU = tuple(programs.ARCHES)
 
 
 @pytest.mark.parametrize("platform", GPU)
@@ -31,8 +31,8 @@ def test_default_model_runs_one_kernel_per_gated_site(platform, impl):
   (q, k, v; o; gate, up; down), 120 compiled kernel calls in the forward and in the decode
   step, one more with the gated LM head (pallas), and no interpret mode."""
   config = ModelConfig.smollm2_135m()
-  assert lowering.gated_map_count(config) == 210
-  r = lowering.lower_model(config, platform, impl, head_k=256 if impl == "pallas" else 0)
+  assert programs.gated_map_count(config) == 210
+  r = programs.lower_model(config, platform, impl, head_k=256 if impl == "pallas" else 0)
   for program in ("forward", "decode_step"):
     assert r[f"{program}_kernel_calls"] == r["gated_sites"] == 120 + r["gated_head"], r
     assert r[f"{program}_interpreter_loops"] == 0 and r[f"{program}_other_calls"] == [], r
@@ -44,7 +44,7 @@ def test_other_families_run_one_kernel_per_gated_site(name):
   two layers."""
   config = {"gptj": ModelConfig.gptj_6b(), "opt": ModelConfig.opt_6_7b(),
             "gpt2": ModelConfig.gpt2_124m()}[name]
-  r = lowering.lower_model(dataclasses.replace(config, n_layers=2), "cuda", "pallas", head_k=256)
+  r = programs.lower_model(dataclasses.replace(config, n_layers=2), "cuda", "pallas", head_k=256)
   assert r["forward_kernel_calls"] == r["decode_step_kernel_calls"] == r["gated_sites"]
   assert r["gated_sites"] == (7 if name == "gptj" else 9) < r["gated_maps"]
 
@@ -58,7 +58,7 @@ def test_a_site_is_one_product_one_kernel_and_xlas_reductions(platform, tokens):
   before the call, and one sum over the splits of the reduction per map.  Its other
   branch (ε ≤ 0, where no token can be fast) is one dense product per map, so the
   program's text holds 2 + maps products and kernels, and one more reduce (ε > 0)."""
-  for r in lowering.gptj_site_launches(platform, tokens):
+  for r in programs.gptj_site_launches(platform, tokens):
     maps = len(r["outs"])
     lay = tiling.layout(tiling.plan_for(platform, tokens), tokens, r["d"], 256, r["outs"])
     assert r["launches"] == 2 + maps, r
@@ -77,28 +77,28 @@ def test_tpu_and_cpu_pick_their_own_kernels():
   """The same program lowered for tpu calls Mosaic kernels; for cpu, impl="pallas" runs the
   kernel in interpret mode and impl="auto" takes the XLA path (no kernel, no loop)."""
   config = dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2)
-  tpu = lowering.lower_model(config, "tpu", "pallas")
+  tpu = programs.lower_model(config, "tpu", "pallas")
   assert tpu["forward_kernel_calls"] == tpu["decode_step_kernel_calls"] == 8
-  for program in lowering.model_programs(config, "cpu", "pallas", tokens=16).values():
-    assert not lowering.custom_call_targets(program)[lowering.TRITON_CALL]
-    assert lowering.interpreter_loops(program) > 0
-  for program in lowering.model_programs(config, "cpu", "auto", tokens=16).values():
-    assert not lowering.custom_call_targets(program)
-    assert lowering.interpreter_loops(program) == 0
+  for program in programs.model_programs(config, "cpu", "pallas", tokens=16).values():
+    assert not programs.custom_call_targets(program)[programs.TRITON_CALL]
+    assert programs.interpreter_loops(program) > 0
+  for program in programs.model_programs(config, "cpu", "auto", tokens=16).values():
+    assert not programs.custom_call_targets(program)
+    assert programs.interpreter_loops(program) == 0
 
 
 def assert_gpu_clean(exported, platform):
-  assert not lowering.has_host_callback(exported)
-  assert not lowering.has_float64(exported)
-  assert lowering.foreign_calls(exported, platform) == []
+  assert not programs.has_host_callback(exported)
+  assert not programs.has_float64(exported)
+  assert programs.foreign_calls(exported, platform) == []
 
 
 @pytest.mark.parametrize("platform", GPU)
 def test_xla_decode_step_lowers(platform):
-  programs = lowering.model_programs(ModelConfig.smollm2_135m(), platform, "xla")
-  for exported in programs.values():
+  exports = programs.model_programs(ModelConfig.smollm2_135m(), platform, "xla")
+  for exported in exports.values():
     assert_gpu_clean(exported, platform)
-    assert lowering.kernel_calls(exported, platform) == 0
+    assert programs.kernel_calls(exported, platform) == 0
 
 
 @pytest.mark.parametrize("platform", GPU)
@@ -110,18 +110,18 @@ def test_calibration_step_lowers(platform):
   x = jax.ShapeDtypeStruct((4, 256, config.d_model), jnp.bfloat16)
   forward = jax.jit(functools.partial(calibration.layer_forward, block=Block(config,
                                                                              jnp.bfloat16)))
-  assert_gpu_clean(lowering.export_for(forward, (layer, x), platform), platform)
+  assert_gpu_clean(programs.export_for(forward, (layer, x), platform), platform)
   _, inputs = jax.eval_shape(forward, layer, x)
   grams = {site: jax.ShapeDtypeStruct((v.shape[-1],) * 2, jnp.float32)
            for site, v in inputs.items()}
   add = jax.jit(functools.partial(calibration._add_grams, mesh=None))
-  assert_gpu_clean(lowering.export_for(add, (grams, inputs), platform), platform)
+  assert_gpu_clean(programs.export_for(add, (grams, inputs), platform), platform)
   G = jax.ShapeDtypeStruct((config.d_ff, config.d_ff), jnp.float32)
-  assert_gpu_clean(lowering.export_for(calibration._trace, (G,), platform), platform)
+  assert_gpu_clean(programs.export_for(calibration._trace, (G,), platform), platform)
   start = jax.ShapeDtypeStruct((config.d_ff, 256), jnp.float32)
-  exported = lowering.export_for(solvers._lobpcg, (G, start), platform)
+  exported = programs.export_for(solvers._lobpcg, (G, start), platform)
   assert_gpu_clean(exported, platform)
-  assert any("syevd" in t for t in lowering.custom_call_targets(exported))
+  assert any("syevd" in t for t in programs.custom_call_targets(exported))
 
 
 def test_cpu_only_work_is_caught():
@@ -130,13 +130,13 @@ def test_cpu_only_work_is_caught():
   arg = jax.ShapeDtypeStruct((4, 4), jnp.float32)
   callback = jax.jit(lambda x: jax.pure_callback(lambda a: a, arg, x))
   with pytest.raises(ValueError, match="lowering platform cuda"):
-    lowering.export_for(callback, (arg,), "cuda")
+    programs.export_for(callback, (arg,), "cuda")
   eigh = jax.jit(lambda x: jnp.linalg.eigh(x)[0])
-  assert any("lapack" in t for t in lowering.foreign_calls(
-      lowering.export_for(eigh, (arg,), "cpu"), "cuda"))
+  assert any("lapack" in t for t in programs.foreign_calls(
+      programs.export_for(eigh, (arg,), "cpu"), "cuda"))
   with jax.enable_x64(True):
     wide = jax.jit(lambda x: (x.astype(jnp.float64) * 2).astype(jnp.float32))
-    assert lowering.has_float64(lowering.export_for(wide, (arg,), "cuda"))
+    assert programs.has_float64(programs.export_for(wide, (arg,), "cuda"))
 
 
 def test_committed_site_figures_are_current():
@@ -146,9 +146,9 @@ def test_committed_site_figures_are_current():
                       "gpu_lowering.json")
   with open(path) as f:
     saved = json.load(f)
-  assert saved["decode_bandwidth"] == lowering.gptj_decode_bandwidth()
+  assert saved["decode_bandwidth"] == binaries.gptj_decode_bandwidth()
   assert saved["gptj_sites"] == [r for platform in GPU for tokens in (1, 16)
-                                 for r in lowering.gptj_site_launches(platform, tokens)]
+                                 for r in programs.gptj_site_launches(platform, tokens)]
 
 
 @pytest.mark.long
@@ -180,7 +180,7 @@ def test_every_method_exports_its_kernel_calls(tiny_folder, tmp_path):
     if r["expects_kernel"]:
       assert r["kernel_calls"] >= r["fast_sites"] > 0, r
   by = {(r["method"], r["platform"], r["phase"]): r for r in rows}
-  sites = lowering.gated_site_count(dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2))
+  sites = programs.gated_site_count(dataclasses.replace(ModelConfig.smollm2_135m(), n_layers=2))
   assert by["gsi", "cuda", "decode"]["kernel_calls"] == sites == 8  # 2 layers of 4 sites
   assert by["gsi_out", "rocm", "forward"]["kernel_calls"] == sites  # decided, then the kernel
   assert by["dense", "cuda", "decode"]["kernel_calls"] == by["svd", "cuda", "decode"][

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gsi_jax import lowering
+from gsi_jax.gpu import programs
 from gsi_jax.loading.load import param_shapes
 from gsi_jax.models import ModelConfig
 from gsi_jax.models import params as P
@@ -89,17 +89,17 @@ def test_cpu_runs_the_cuda_plan_and_tpu_the_masked_product():
   arg = jax.ShapeDtypeStruct
   args = (arg((3, 200), jnp.float32), arg((3, 200), jnp.bool_),
           (arg((200, 64), jnp.float32), arg((200, 48), jnp.float32)))
-  tpu = lowering.export_for(kept_kernel.kept_rows, args, "tpu")
-  assert not lowering.custom_call_targets(tpu) and lowering.interpreter_loops(tpu) == 0
+  tpu = programs.export_for(kept_kernel.kept_rows, args, "tpu")
+  assert not programs.custom_call_targets(tpu) and programs.interpreter_loops(tpu) == 0
 
 
 @pytest.mark.parametrize("platform", GPU_PLATFORMS)
 def test_lower_to_one_kernel_call(platform):
   for tokens in (1, 16):
-    for exported in lowering.kept_exports(platform, jnp.bfloat16, tokens).values():
-      assert lowering.kernel_calls(exported, platform) == 1
-      assert lowering.foreign_calls(exported, platform) == []
-      assert lowering.interpreter_loops(exported) == 0
+    for exported in programs.kept_exports(platform, jnp.bfloat16, tokens).values():
+      assert programs.kernel_calls(exported, platform) == 1
+      assert programs.foreign_calls(exported, platform) == []
+      assert programs.interpreter_loops(exported) == 0
 
 
 @pytest.mark.parametrize("tokens", [1, 3])
@@ -130,10 +130,10 @@ def test_auto_on_a_gpu_exports_the_kernel_and_nothing_cpu_only(platform):
   fn = jax.jit(lambda x, keep, Ws: kept_product(x, keep, list(Ws), gate))
   args = (arg((1, 1, 576), jnp.float32), arg((1, 1, 576), jnp.bool_),
           (arg((576, 576), jnp.float32), arg((576, 192), jnp.float32)))
-  exported = lowering.export_for(fn, args, platform)
-  assert lowering.kernel_calls(exported, platform) == 1
-  assert lowering.foreign_calls(exported, platform) == []
-  assert lowering.interpreter_loops(exported) == 0
+  exported = programs.export_for(fn, args, platform)
+  assert programs.kernel_calls(exported, platform) == 1
+  assert programs.foreign_calls(exported, platform) == []
+  assert programs.interpreter_loops(exported) == 0
 
 
 @pytest.mark.parametrize("platform", GPU_PLATFORMS)
@@ -147,8 +147,8 @@ def test_a_sparsity_model_runs_one_kernel_per_site(platform):
     for site in sites:
       params = P.with_site(params, layer, site,
                            {P.THRESHOLD: jax.ShapeDtypeStruct((), jnp.float32)})
-  programs = lowering.model_programs(config, platform, "auto", params=params)
-  for exported in programs.values():
-    assert lowering.kernel_calls(exported, platform) == lowering.gated_site_count(config) == 8
-    assert lowering.foreign_calls(exported, platform) == []
-    assert lowering.interpreter_loops(exported) == 0
+  exports = programs.model_programs(config, platform, "auto", params=params)
+  for exported in exports.values():
+    assert programs.kernel_calls(exported, platform) == programs.gated_site_count(config) == 8
+    assert programs.foreign_calls(exported, platform) == []
+    assert programs.interpreter_loops(exported) == 0

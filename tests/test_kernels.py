@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gsi_jax import GSIError, lowering, make_gate
+from gsi_jax import GSIError, make_gate
+from gsi_jax.gpu import binaries
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
@@ -212,7 +213,7 @@ def test_decode_tiles_keep_enough_bytes_in_flight(platform, model):
   for d, outs in SITES[model]:
     lay = tiling.layout(plan, 1, d, 256, outs)
     assert lay.programs >= plan.min_programs and lay.block_o == 256, (d, outs, lay.grid)
-    assert tiling.bytes_in_flight(lay, 2, chip, lowering.RESIDENT_AT_LEAST) >= \
+    assert tiling.bytes_in_flight(lay, 2, chip, binaries.RESIDENT_AT_LEAST) >= \
         chip.needed_in_flight, lay
   # The check can fail: one resident program of 64 × 64 tiles keeps 8 KB per unit.
   split = tiling.layout(tiling.TilePlan(1, 64, 64, 32, 2 * chip.units), 1, 4096, 256, 4096)
@@ -455,8 +456,8 @@ def test_the_tests_cheap_compile_flags_compute_what_xlas_defaults_compute(tmp_pa
     (["--tests=tests/no_such_test.py::test_x"],
      "--tests: tests/no_such_test.py is not a test file of this repository")])
 def test_compile_flags_benchmark_bad_flags_exit_2(bad, message):
-  """benchmarks/compile_flags.py checks its flags before it starts a process."""
-  proc = subprocess.run([sys.executable, "benchmarks/compile_flags.py", *bad], cwd=ROOT,
+  """tools/compile_flags.py checks its flags before it starts a process."""
+  proc = subprocess.run([sys.executable, "tools/compile_flags.py", *bad], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
   assert_one_error_line(proc, message)
 

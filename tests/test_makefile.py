@@ -153,6 +153,6 @@ def test_make_notebook_writes_under_runs_and_commit_writes_in_place(venv):
 
 
 def test_the_makefile_pins_the_triton_the_lowering_parses_for():
-  from gsi_jax import lowering
+  from gsi_jax.gpu import binaries
   text = open(os.path.join(ROOT, "Makefile"), encoding="utf-8").read()
-  assert f"CPU_TRITON     := triton=={lowering.CPU_TRITON_VERSION}\n" in text
+  assert f"CPU_TRITON     := triton=={binaries.CPU_TRITON_VERSION}\n" in text

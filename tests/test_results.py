@@ -232,7 +232,7 @@ def test_memory_plan_checks_are_recomputed_from_the_measured_runs():
   """RESULTS §13.5: fitted on the 1-process 4-layer run, the model predicts the other measured
   peaks within 3%, calibration always below the measurement, except the 4-process load, which
   it puts 18.8% below the measurement."""
-  from gsi_jax import footprint
+  from gsi_jax.measure import footprint
   plan = load("benchmarks/memory_plan.json")
   run = lambda path: footprint.MeasuredRun.from_record(path, load(path.removeprefix("results/")))
   constants = footprint.fit_constants(run(plan["fit_on"]))

@@ -1,14 +1,15 @@
-"""R-Sparse's per-layer recipe (`gsi_jax.rsparse_search`): the budget split, the padded
+"""R-Sparse's per-layer recipe (`gsi_jax.peers.rsparse_search`): the budget split, the padded
 candidates, the fast path, and the evolutionary search on a known fitness."""
 
 import numpy as np
 import pytest
 
 import gsi_jax
-from gsi_jax import make_gate, metrics, rsparse_search
+from gsi_jax import make_gate, metrics
+from gsi_jax.peers import rsparse_search
 from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
-from gsi_jax.rsparse_search import Recipes, SearchConfig, evolve, map_ranks
+from gsi_jax.peers.rsparse_search import Recipes, SearchConfig, evolve, map_ranks
 
 RNG = np.random.default_rng(3)
 CALIB = RNG.integers(0, 101, (8, 16)).astype(np.int32)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gsi_jax.distributed import coordinator_port
+from gsi_jax.runtime.distributed import coordinator_port
 from tests.multiprocess import ROOT, launch, start
 
 pytestmark = pytest.mark.multiprocess

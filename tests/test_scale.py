@@ -14,7 +14,8 @@ from safetensors import safe_open
 from safetensors.flax import save_file
 
 import gsi_jax
-from gsi_jax import GSIError, footprint
+from gsi_jax import GSIError
+from gsi_jax.measure import footprint
 from gsi_jax.gsi import calibration, solvers
 from gsi_jax.loading import synthetic
 from gsi_jax.models import params as P
@@ -115,7 +116,7 @@ MESH_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     assert len(jax.devices()) == 4, jax.devices()
     import gsi_jax
-    from gsi_jax.sharding import make_mesh
+    from gsi_jax.runtime.sharding import make_mesh
     from tests import hf_models
     from tests.test_scale import assert_same_bases
     folder = sys.argv[1]

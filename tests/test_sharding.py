@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     assert len(jax.devices()) == 4, jax.devices()
     import gsi_jax
-    from gsi_jax.sharding import make_mesh, shard_params
+    from gsi_jax.runtime.sharding import make_mesh, shard_params
     from tests import hf_models
     folder = sys.argv[1]
     hf_models.save("llama_gqa", folder)

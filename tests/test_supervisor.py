@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from gsi_jax import supervisor
+from gsi_jax.runtime import supervisor
 from tests.multiprocess import ABSL_INFO
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ CRASH = [
     "*** Check failure stack trace: ***\n",
     "    @     0x7f1adf840634  absl::log_internal::LogMessage::SendToLog()\n",
     "Fatal Python error: Aborted\n",
-    '  File "/work/main/gsi_jax/distributed.py", line 170 in leave\n',
+    '  File "/work/main/gsi_jax/runtime/distributed.py", line 170 in leave\n',
 ]
 
 
@@ -123,7 +123,8 @@ def test_a_process_id_is_claimed_once_and_a_log_is_never_shared(tmp_path):
 
 
 SAID_TWICE = """
-from gsi_jax import cli, distributed
+from gsi_jax import cli
+from gsi_jax.runtime import distributed
 from gsi_jax.errors import GSIError
 def main(argv):
   distributed.say("error: the watchdog's line")  # its thread spoke first

@@ -24,7 +24,7 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from gsi_jax.benchmarking import chained_calls
+from gsi_jax.measure.benchmarking import chained_calls
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.transform import gsi_shapes
 from gsi_jax.loading.load import param_shapes

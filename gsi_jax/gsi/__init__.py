@@ -1,3 +1,6 @@
+"""GSI itself: streaming calibration of the bases, their solvers and Orbax checkpoints, and
+the pure transforms that rewrite a parameter tree into (V_k, M, W)."""
+
 from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.gsi.calibration import calibrate
 from gsi_jax.gsi.checkpoint import load_bases, save_bases

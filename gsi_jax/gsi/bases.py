@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 from gsi_jax.models import params as P
 
 FORMAT_VERSION = 3  # 2: checksums of every array; 3: and of the metadata itself

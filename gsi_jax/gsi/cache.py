@@ -20,7 +20,7 @@ import re
 import shutil
 import time
 
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import Bases, calibration_identity
 from gsi_jax.gsi.calibration import calibrate

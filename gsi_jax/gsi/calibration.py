@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gsi_jax import distributed, sharding
-from gsi_jax.benchmarking import CompileEvents
+from gsi_jax.runtime import distributed, sharding
+from gsi_jax.measure.benchmarking import CompileEvents
 from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity

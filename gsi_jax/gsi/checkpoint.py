@@ -8,7 +8,7 @@ itself, and a restore checks both, then that the values are finite and the
 vectors orthonormal: damaged or edited bases are never handed on, and bases
 that fail those checks are never saved.  Every writer and reader of a checkpoint
 folder holds its lock (`exclusive`), so two runs never number, write or prune the same
-steps at once.  In a run of several processes (gsi_jax.distributed) every process holds
+steps at once.  In a run of several processes (gsi_jax.runtime.distributed) every process holds
 the same bases: process 0 alone locks and writes, on a file system they all share.
 """
 
@@ -26,7 +26,7 @@ import threading
 import jax
 import numpy as np
 
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 from gsi_jax.errors import GSIError
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
 from gsi_jax.models import params as P

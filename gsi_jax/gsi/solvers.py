@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.sparse.linalg import lobpcg_standard
 
-from gsi_jax import distributed
+from gsi_jax.runtime import distributed
 from gsi_jax.gsi import cascade
 
 LOBPCG_MAX_ITERATIONS = 100

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax import sharding
+from gsi_jax.runtime import sharding
 from gsi_jax.errors import GSIError, whole
 from gsi_jax.loading import gguf_file, mapping
 from gsi_jax.loading.hf_config import config_from_hf

@@ -11,9 +11,10 @@ import time
 import jax
 import numpy as np
 
-from gsi_jax import distributed, metrics, peers, progress, sharding
+from gsi_jax import metrics, peers, progress
+from gsi_jax.runtime import distributed, sharding
 from gsi_jax.errors import GSIError
-from gsi_jax.benchmarking import (INTERVAL_ROUNDS, decode_beside, decode_beside_each,
+from gsi_jax.measure.benchmarking import (INTERVAL_ROUNDS, decode_beside, decode_beside_each,
                                   decode_tokens_per_s, ratio_text)
 from gsi_jax.methods.front import KEPT_ROWS_DENSE, XLA_DENSE
 from gsi_jax.metrics import bytes as mbytes

@@ -6,7 +6,8 @@ residual_learned), and the sparse residual's rank learned with its threshold
 from __future__ import annotations
 
 import gsi_jax
-from gsi_jax import allocation, peers
+from gsi_jax import peers
+from gsi_jax.peers import allocation
 from gsi_jax.errors import GSIError
 from gsi_jax.methods.common import (GATED, KEPT_ROWS, by_tree, gated_bytes, in_unit,
                                     sparse_bytes, thresholds_ok)

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any, Callable
 
-from gsi_jax import allocation
+from gsi_jax.peers import allocation
 from gsi_jax.methods.registry import Point
 from gsi_jax.models import params as P
 

@@ -1,6 +1,6 @@
 """Every registered method's model exported for a GPU, as `pareto.py` builds it: the first
 point of each method on a real model, its forward and its decode step lowered for cuda and
-rocm (`lowering.model_programs`), with the kernel calls and CPU-only calls each makes.
+rocm (`gsi_jax.gpu.programs.model_programs`), with the kernel calls and CPU-only calls each makes.
 
 The gate is the one a record decodes with (`evaluate.batch1`, impl "auto" unless the
 experiment's --impl says otherwise), so each fast path takes its kernel where the program
@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 import jax
 
-from gsi_jax import lowering
+from gsi_jax.gpu import programs as gpu_programs
 from gsi_jax.methods import registry
 from gsi_jax.methods.evaluate import batch1
 from gsi_jax.models import params as P
@@ -61,18 +61,18 @@ def export_methods(ctx, out_dir: str, platforms=("cuda", "rocm"),
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params)
     sites = 0 if point is None else fast_sites(params)
     for platform in platforms:
-      programs = lowering.model_programs(ctx.model.config, platform, params=abstract,
-                                         gate=gate)
-      for phase, exported in programs.items():
+      exports = gpu_programs.model_programs(ctx.model.config, platform, params=abstract,
+                                            gate=gate)
+      for phase, exported in exports.items():
         path = os.path.join(out_dir, f"{name}-{platform}-{PHASES[phase]}.mlir")
         with open(path, "w", encoding="utf-8") as f:
           f.write(exported.mlir_module())
         row = {"method": name, "knob": None if point is None else point.knob,
                "platform": platform, "phase": PHASES[phase], "file": os.path.basename(path),
-               "kernel_calls": lowering.kernel_calls(exported, platform),
+               "kernel_calls": gpu_programs.kernel_calls(exported, platform),
                "fast_sites": sites, "expects_kernel": expects_kernel(name),
-               "cpu_only_calls": lowering.foreign_calls(exported, platform),
-               "interpreter_loops": lowering.interpreter_loops(exported)}
+               "cpu_only_calls": gpu_programs.foreign_calls(exported, platform),
+               "interpreter_loops": gpu_programs.interpreter_loops(exported)}
         row["passed"] = (row["cpu_only_calls"] == [] and row["interpreter_loops"] == 0 and
                          (row["kernel_calls"] >= sites if row["expects_kernel"]
                           else row["kernel_calls"] == 0))

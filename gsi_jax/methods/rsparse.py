@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gsi_jax import peers, rsparse_search
+from gsi_jax import peers
+from gsi_jax.peers import rsparse_search
 from gsi_jax.errors import GSIError
 from gsi_jax.methods.per_site import Space, with_fallback
 from gsi_jax.methods.common import KEPT_ROWS, by_tree, in_unit, positive, sparse_bytes

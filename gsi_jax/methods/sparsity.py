@@ -4,7 +4,8 @@ sparsity_greedy (TEAL's block-wise greedy levels per site)."""
 
 from __future__ import annotations
 
-from gsi_jax import greedy_sparsity, peers
+from gsi_jax import peers
+from gsi_jax.peers import greedy_sparsity
 from gsi_jax.methods.common import KEPT_ROWS, by_tree, in_unit, sparse_bytes
 from gsi_jax.methods.registry import Knob, Method, Point, register
 from gsi_jax.models import params as P

@@ -6,7 +6,7 @@ import logging
 
 import numpy as np
 
-from gsi_jax.distributed import host_copy
+from gsi_jax.runtime.distributed import host_copy
 from gsi_jax.gsi.bases import Bases
 from gsi_jax.models import params as P
 from gsi_jax.ops import make_gate

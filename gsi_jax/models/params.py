@@ -9,7 +9,7 @@ gate and up), mlp_out (fc_out or down).  GSI adds to a site (or to the LM head)
   V: the basis V_k (d, k);  M/{map}: V_kᵀ W (k, O);
 a decode adds  V_T: V_kᵀ (k, d), made once before its loop and never stored
 (`with_transposed_bases`); and beyond the paper  sketch, sketch_M (output-aware gate),  ladder (nested
-ranks),  eps (a site's own gate threshold, learned: `gsi_jax.allocation`),
+ranks),  eps (a site's own gate threshold, learned: `gsi_jax.peers.allocation`),
 residual_threshold (subspace plus sparse residual: y = g M + r_S W_S, no gate).
 Peers add  threshold (magnitude sparsity),  rotation (d, d) (LaRoSA: the
 site's input is rotated into its PCA basis, and its kernels are Qᵀ W), and

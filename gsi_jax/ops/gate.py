@@ -29,7 +29,7 @@ class Gate:
   is static.  head_eps gates a GSI LM head (None: eps).
   mode: "gated" (the paper), "static" (always M g: the negative control),
   "dense" (ignore the bases), "soft" (for learning per-site budgets,
-  `gsi_jax.allocation`: the hard gate and threshold in the forward pass, with
+  `gsi_jax.peers.allocation`: the hard gate and threshold in the forward pass, with
   the gradients of their smooth versions `soft_fast` and `soft_keep`) or "coin"
   (a speed instrument: each token fast with probability eps, whatever its
   residual, `coin_fast`).

@@ -12,7 +12,7 @@ process exactly as before.  Three things are added to what `jax.distributed` doe
 - A watchdog ends every process within `timeout_s` with one `error:` line when a
   peer never joins, stops answering, or fails.  JAX's own fate-sharing would end them
   too, a little later, but through a C++ abort and its stack trace (which is all that
-  remains when process 0 dies: `gsi_jax.supervisor` turns that into one line).
+  remains when process 0 dies: `gsi_jax.runtime.supervisor` turns that into one line).
 - `host_copy` and `is_primary`: whole host values of sharded arrays, and one writer.
 
 However a process ends, it says one line: `say` prints the first `error:` or

@@ -1,6 +1,6 @@
 """What a `make results` run cost: its wall time, and each step's from the JSONs it wrote.
 
-  python benchmarks/results_cost.py --started 1796457600 --out results/benchmarks/make_results.json
+  python tools/results_cost.py --started 1796457600 --out results/benchmarks/make_results.json
 
 `make results` passes the epoch second it started.  A step is a result JSON under
 --results_dir written since then; its cost is the `run.wall_s` it records (from its

@@ -10,7 +10,7 @@ import time
 
 import jax
 
-from gsi_jax.benchmarking import last_level_cache_bytes
+from gsi_jax.measure.benchmarking import last_level_cache_bytes
 
 _IMPORTED_AT = time.monotonic()
 

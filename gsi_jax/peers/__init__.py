@@ -12,7 +12,7 @@
     Qᵀ W; Q itself is read at every token;
   * R-Sparse-style rank-aware sparsity: the kept inputs exact through W's
     rows, the dropped ones through a rank-r factor of W (`weight_factors`; its
-    per-layer recipe: `gsi_jax.rsparse_search`);
+    per-layer recipe: `gsi_jax.peers.rsparse_search`);
   * CATS-style sparsity for gated MLPs: per layer, a threshold on
     |act(x W_gate)| calibrated for a target share of dropped channels; only the
     kept columns of W_up and rows of W_down are read (`apply_cats`).

@@ -9,7 +9,7 @@
   imports; and where a first process wrote the bytecode.  The Makefile unsets the variable
   by this record.
 
-  python benchmarks/import_cost.py --out results/benchmarks/import_cost.json
+  python tools/import_cost.py --out results/benchmarks/import_cost.json
 
 Each ml_dtypes version's wheel is fetched from the package index (pip download, no
 dependencies) into a temporary folder that goes first on PYTHONPATH, so each process
@@ -18,7 +18,7 @@ The bytecode comparison points Python's bytecode cache at a folder of its own
 (`-X pycache_prefix`): an empty one, or one a first process filled.  The settings take
 turns within each round (so a drift in the machine's speed reaches them alike); each
 cost ratio is the median of the per-round ratios, with its bootstrap interval
-(`gsi_jax.benchmarking.ratio_interval`).
+(`gsi_jax.measure.benchmarking.ratio_interval`).
 """
 import glob
 import importlib.metadata
@@ -35,7 +35,7 @@ from absl import flags
 import numpy as np
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import ratio_interval, ratio_text
+from gsi_jax.measure.benchmarking import ratio_interval, ratio_text
 from gsi_jax.errors import GSIError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

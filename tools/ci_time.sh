@@ -5,7 +5,7 @@
 # empty, as on a CI runner), on an otherwise idle machine.  Writes
 # ${OUT:-results/benchmarks/ci_time.json}: the whole run's wall seconds and exit status,
 # each make target's seconds from .ci/run's "ci: ... took" lines, the commit and the machine.
-#     bash benchmarks/ci_time.sh     # 27.6 minutes on 2 cores at 2ccae1b (ci_time.json)
+#     bash tools/ci_time.sh     # 27.6 minutes on 2 cores at 2ccae1b (ci_time.json)
 # PY312: a Python 3.12 for make test-jax011 (default: the one on PATH).
 set -uo pipefail
 ROOT=$PWD

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from gsi_jax import sharding
+from gsi_jax.runtime import sharding
 from gsi_jax.errors import GSIError
 from gsi_jax.loading import synthetic
 from gsi_jax.loading.hf_config import config_from_hf

@@ -2,21 +2,21 @@
 programs (the kernel tests' shapes, float32 and bfloat16) compiled and run under XLA's
 defaults and under the flags the tests set (`tests/compile_flags.py`).
 
-  python benchmarks/compile_flags.py --out results/benchmarks/compile_flags.json
+  python tools/compile_flags.py --out results/benchmarks/compile_flags.json
 
 Each round starts one fresh process per setting, in turn (so nothing is cached in memory,
 and a drift in the machine's speed reaches both alike); each process compiles every
 program (`compile_s`, XLA's compile alone, tracing and lowering apart) and runs each
 `--runs` times after a first call (`run_s`).  The flags' speed-up of compiling and their
 slow-down of running are medians of the per-round ratios, with bootstrap intervals
-(`gsi_jax.benchmarking.ratio_interval`).  No persistent compilation cache is used.
+(`gsi_jax.measure.benchmarking.ratio_interval`).  No persistent compilation cache is used.
 
 With --tests, each process is instead one pytest run of those tests (node ids), with an
 empty persistent compilation cache of its own, as on a fresh clone (the scripts a test
 starts share it, as in the suite); `tests_s` is its wall time, and the flags' speed-up of
 it is the median of the per-round ratios:
 
-  python benchmarks/compile_flags.py --rounds=3 --tests=tests/test_x.py::test_y,... \
+  python tools/compile_flags.py --rounds=3 --tests=tests/test_x.py::test_y,... \
       --out results/benchmarks/compile_flags_multiprocess.json
 """
 
@@ -32,7 +32,7 @@ import time
 from absl import flags
 
 from gsi_jax import cli, experiment
-from gsi_jax.benchmarking import ratio_interval, ratio_text
+from gsi_jax.measure.benchmarking import ratio_interval, ratio_text
 from gsi_jax.errors import GSIError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
