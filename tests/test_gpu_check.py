@@ -289,23 +289,32 @@ def test_a_decode_step_killed_partway_keeps_its_rows(tmp_path):
   assert len(rows()) < 10 and rows()[0]["compile_s"] > 0  # 2 batches x 5 methods when done
 
 
+STOPPED_SCALE = """
+import json, sys
+from benchmarks import scale
+cfg = scale.ScaleConfig(
+    shape="gptj-tiny", checkpoint=None, layers=None, calib_tokens=256, seq_len=64, k=16,
+    methods=("cascade",), eigh_layers=0, dtype="bfloat16", decode_layers=0,
+    decode_dtype="float32", peak_bandwidth_gb_s=0.0, decode_k=16, new_tokens=4, repeats=1,
+    impl="auto", out="unused.json", in_memory=True)
+saves = []
+def save(result):  # as a time limit would stop it, after the first layer
+  saves.append(result)
+  raise KeyboardInterrupt
+try:
+  scale.run(cfg, save)
+except KeyboardInterrupt:
+  print(json.dumps(saves))
+"""
+
+
 def test_a_calibration_step_cut_short_keeps_its_layers(tmp_path):
   """scale.py saves after every calibrated layer: a run stopped after the first (as a time
   limit would stop it) keeps how far it got, its phases and the layer's time."""
-  from benchmarks import scale
-  saves = []
-  cfg = scale.ScaleConfig(
-      shape="gptj-tiny", checkpoint=None, layers=None, calib_tokens=256, seq_len=64, k=16,
-      methods=("cascade",), eigh_layers=0, dtype="bfloat16", decode_layers=0,
-      decode_dtype="float32", peak_bandwidth_gb_s=0.0, decode_k=16, new_tokens=4, repeats=1,
-      impl="auto", out=str(tmp_path / "scale.json"), in_memory=True)
-
-  def save(result):  # as a time limit would stop it, after the first layer
-    saves.append(json.loads(json.dumps(result)))
-    raise KeyboardInterrupt
-  with pytest.raises(KeyboardInterrupt):
-    scale.run(cfg, save)
-  (first,) = saves
+  proc = subprocess.run([sys.executable, "-c", STOPPED_SCALE], capture_output=True, text=True,
+                        cwd=ROOT, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (first,) = json.loads(proc.stdout.strip().splitlines()[-1])
   progress = first["calibration_progress"]["cascade"]
   assert progress["layers_done"] == 1 and progress["layers"] == 2
   assert len(progress["cumulative_layer_s"]) == 1 and progress["cumulative_layer_s"][0] > 0

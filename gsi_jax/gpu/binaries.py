@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from gsi_jax.errors import GSIError
 from gsi_jax.gpu.programs import (ARCHES, GPTJ_SITES, LOWERING_K, TritonCall,
                                   gated_matmul_export, kept_exports, triton_calls)
+from gsi_jax.models import params as P
 from gsi_jax.ops import tiling
 
 
