@@ -6,7 +6,7 @@
 #     PYTHONPATH=. python3 ...   is how each step runs; from the repository root:
 #     bash benchmarks/gpu_check.sh
 #     GPU_CHECK_DRY=1 bash benchmarks/gpu_check.sh    # small shapes on the CPU
-#   The dry run's steps took 92 s on an idle 2-core AMD EPYC (its summary, committed as
+#   The dry run's steps took 105 s on an idle 2-core AMD EPYC (its summary, committed as
 #   results/benchmarks/gpu_check_dry.json: the steps' seconds summed); in the dry run each
 #   step's limit is 4x the GPU's.
 # Each step's limit comes with its basis (limits.txt, then gpu_summary.json): the previous

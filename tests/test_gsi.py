@@ -124,18 +124,28 @@ def test_g_from_transposed_bases_is_x_V(dtype):
     got = project_over_rows(x, V.T)
     assert got.dtype == dtype and got.shape == shape[:-1] + (24,)
     np.testing.assert_allclose(f32(got), want, rtol=0, atol=tol * np.abs(want).max())
-    g, xx = project_with_energy_over_rows(x, V.T)
-    assert g.dtype == dtype and xx.dtype == jnp.float32
-    np.testing.assert_allclose(f32(g), want, rtol=0, atol=tol * np.abs(want).max())
-    np.testing.assert_allclose(f32(xx), np.sum(f32(x) ** 2, -1), rtol=1e-5)
+    gx = project_with_energy_over_rows(x, V.T)  # g, then ‖x‖² as a last column
+    assert gx.dtype == jnp.float32 and gx.shape == shape[:-1] + (25,)
+    np.testing.assert_allclose(f32(gx[..., :-1]), want, rtol=0, atol=tol * np.abs(want).max())
+    np.testing.assert_allclose(f32(gx[..., -1]), np.sum(f32(x) ** 2, -1), rtol=1e-5)
   # Where the program is lowered for cpu, V itself is read, and V_T changes nothing.
   x = jnp.asarray(rng.normal(size=(1, 1, 96)), dtype)
   with_t = GatedWeights([jnp.ones((96, 4), dtype)], V, [V.T @ jnp.ones((96, 4), dtype)],
                         V_T=V.T)
   np.testing.assert_array_equal(f32(project(x, with_t)), f32(x @ V))
-  g, xx = project_with_energy(x, with_t)
-  np.testing.assert_array_equal(f32(g), f32(x @ V))
-  np.testing.assert_array_equal(f32(xx), f32(energy(x)))
+  gx = project_with_energy(x, with_t)
+  np.testing.assert_array_equal(f32(gx[..., :-1]), f32(x @ V))
+  np.testing.assert_array_equal(f32(gx[..., -1]), f32(energy(x)))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 64, 100, 256, 1024])
+def test_a_fused_sum_is_the_sum(rows):
+  """`fused_sum` (column sums of 16 rows, then term by term, which XLA's GPU compiler
+  fuses into the consumer) is the sum over the leading axis, at every length."""
+  from gsi_jax.ops.fused_sum import fused_sum
+  a = np.random.default_rng(rows).normal(size=(rows, 3, 7)).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(fused_sum(jnp.asarray(a))), a.sum(0), rtol=1e-5,
+                             atol=1e-5)
 
 
 def test_a_decode_lays_out_every_basis_transposed(tiny):

@@ -130,6 +130,13 @@ def test_a_decision_taken_in_xla_is_the_kernels_as_it_is(platform):
   every = gated_matmul_on(platform, x, g, jnp.bool_(True), [M], [W], interpret=True)
   np.testing.assert_array_equal(np.asarray(every[1]), np.ones(7, bool))
   assert_same_call(every, gated_matmul_reference(x, g, jnp.inf, [M], [W]), jnp.float32)
+  # g with ‖x‖² as a last column (a plain gate's, `gated_linear.project_with_energy`): the
+  # kernel reads its first k columns only, and the result is the same.
+  gx = jnp.concatenate([g, jnp.full((7, 1), 1e30, g.dtype)], -1)
+  wide = gated_matmul_on(platform, x, gx, jnp.asarray(fast), [M], [W], interpret=True)
+  assert_same_call(wide, got, jnp.float32)
+  assert_same_call(gated_matmul_reference(x, gx, jnp.asarray(fast), [M], [W]), got,
+                   jnp.float32)
 
 
 @pytest.mark.parametrize("platform", tiling.PLATFORMS)

@@ -36,6 +36,7 @@ from jax import lax
 
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
+from gsi_jax.ops.fused_sum import fused_sum
 from gsi_jax.ops.gate import (Gate, coin_fast, fires, gate_mask, ladder_ranks,
                               output_gate_mask, soft_fast, straight_through)
 
@@ -69,13 +70,12 @@ def project_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
   return lax.dot_general(x_BTD, V_KD, (((x_BTD.ndim - 1,), (1,)), ((), ())))
 
 
-def project_with_energy_over_rows(x_BTD: jax.Array, V_KD: jax.Array):
-  """(g, ‖x‖²) from one row reduction over d: V_kᵀ's k rows times x, and x itself as a
-  (k+1)-th row; g in x's dtype, ‖x‖² in float32."""
+def project_with_energy_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
+  """g and ‖x‖² from one row reduction over d: V_kᵀ's k rows times x, and x itself as a
+  (k+1)-th row.  (…, k + 1) float32: g in the first k columns, ‖x‖² in the last."""
   x32 = x_BTD.astype(jnp.float32)[..., None, :]
   V32 = V_KD.astype(jnp.float32).reshape((1,) * (x_BTD.ndim - 1) + V_KD.shape)
-  both = jnp.sum(jnp.concatenate([V32 * x32, jnp.square(x32)], -2), -1)
-  return both[..., :-1].astype(x_BTD.dtype), both[..., -1]
+  return jnp.sum(jnp.concatenate([V32 * x32, jnp.square(x32)], -2), -1)
 
 
 def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
@@ -88,21 +88,33 @@ def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
                                 default=lambda x, V, V_KD: project_over_rows(x, V_KD))
 
 
-def project_with_energy(x_BTD: jax.Array, weights: GatedWeights):
-  """(g, ‖x‖² in float32) per token: at one token with V_T, lowered for a GPU or TPU, from
-  one row reduction (`project_with_energy_over_rows`); elsewhere `project` and `energy`."""
+def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
+  """(…, k + 1) float32: g = x V_k in the first k columns and ‖x‖² in the last.  At one
+  token with V_T, lowered for a GPU or TPU, one row reduction leaves them so
+  (`project_with_energy_over_rows`), and the kernel reads g's k columns of it as they are:
+  a slice would be a kernel of its own.  Elsewhere `project` and `energy` side by side."""
+  def apart(x, V, V_KD):
+    g = project(x, weights) if V_KD is not None else x @ V
+    return jnp.concatenate([g.astype(jnp.float32), energy(x)[..., None]], -1)
   if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
-    return project(x_BTD, weights), energy(x_BTD)
+    return apart(x_BTD, weights.V, weights.V_T)
   return lax.platform_dependent(
-      x_BTD, weights.V, weights.V_T, cpu=lambda x, V, V_KD: (x @ V, energy(x)),
+      x_BTD, weights.V, weights.V_T, cpu=lambda x, V, V_KD: apart(x, V, None),
       default=lambda x, V, V_KD: project_with_energy_over_rows(x, V_KD))
 
 
 def plain_gate(x_BTD: jax.Array, weights: GatedWeights, eps):
-  """(g, ρ < ε per token): `gate_mask`'s decision, with g and ‖x‖² from one reduction
-  where `project_with_energy` can."""
-  g_BTK, xx = project_with_energy(x_BTD, weights)
-  return g_BTK, fires(xx - jnp.sum(jnp.square(g_BTK.astype(jnp.float32)), -1), xx, eps)
+  """(g with ‖x‖² as its last column, `project_with_energy`'s; ρ < ε per token):
+  `gate_mask`'s decision, from one reduction where one gives both.  In a decode (V_T),
+  a program lowered for a GPU or TPU sums ‖g‖² in steps XLA fuses into the select
+  (`fused_sum`: a reduce over k would be a kernel); cpu keeps the reduce."""
+  gx = project_with_energy(x_BTD, weights)
+  xx = gx[..., -1]
+  squares = jnp.square(gx[..., :-1])
+  reduce = lambda sq: jnp.sum(sq, -1)
+  gg = reduce(squares) if weights.V_T is None else lax.platform_dependent(
+      squares, cpu=reduce, default=lambda sq: fused_sum(jnp.moveaxis(sq, -1, 0)))
+  return gx, fires(xx - gg, xx, eps)
 
 
 def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> jax.Array:
@@ -166,8 +178,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
 
     def gated():  # g inside the branch, so ε ≤ 0 skips it (the g above is then unused)
-      g, fast = plain_gate(x_BTD, weights, eps)
-      return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
+      gx, fast = plain_gate(x_BTD, weights, eps)
+      return _xla(x_BTD, gx[..., :-1].astype(x_BTD.dtype), fast, weights, gate), fast, rank_BT
     return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
@@ -176,8 +188,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
         if math.prod(x_BTD.shape[:-1]) != 1:  # the kernel's wrapper decides each token
           ys, fast = _pallas(x_BTD, project(x_BTD, weights), eps, weights)
           return ys, fast, rank_BT
-        g, fast = plain_gate(x_BTD, weights, eps)  # g and ‖x‖² from one reduction
-        ys, _ = _pallas(x_BTD, g, fast.reshape(-1), weights)
+        gx, fast = plain_gate(x_BTD, weights, eps)  # the kernel reads gx's first k columns
+        ys, _ = _pallas(x_BTD, gx, fast.reshape(-1), weights)
         return ys, fast, rank_BT
       return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
     # decided above (static, coin, ladder, sketch): the decision goes to the kernel as it

@@ -73,6 +73,7 @@ def gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = Fals
   zero columns past W's outputs.
   """
   f32 = lambda a: a.astype(jnp.float32)
+  g_TK = g_TK[:, :Ms[0].shape[0]]  # columns past k are not read (`gated_matmul_on`)
   fast_T = decide(x_TD, g_TK, eps)
   dims = (((1,), (1,)), ((), ())) if w_transposed else (((1,), (0,)), ((), ()))
   ys = []
@@ -176,6 +177,8 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
   Returns ([y_i (T, O_i)] in x's dtype, fast_T), O_i being W_i's outputs; an M may hold
   zero columns past them (a GSI LM head's, padded to a multiple of 64 so that its rows
   start aligned).  eps: a threshold, one per token (T,), or the decision (bool, `decide`).
+  g_TK may hold columns past M's k rows, which are not read (a plain gate's ‖x‖² rides in
+  its last, `gated_linear.project_with_energy`); with a threshold it must have k.
   """
   T, D = x_TD.shape
   K = Ms[0].shape[0]

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from gsi_jax.ops import tiling
+from gsi_jax.ops.fused_sum import fused_sum
 
 
 def iota(n: int) -> jax.Array:
@@ -62,8 +63,8 @@ def map_block(start: int, blocks: int, shared: bool):
 
 
 def pad(a: jax.Array, shape) -> jax.Array:
-  """a zero-padded up to `shape` (no op where it already has it)."""
-  pads = [(0, n - m) for m, n in zip(a.shape, shape)]
+  """a zero-padded up to `shape` (no op along an axis where it already has as much)."""
+  pads = [(0, max(0, n - m)) for m, n in zip(a.shape, shape)]
   return jnp.pad(a, pads) if any(p for _, p in pads) else a
 
 
@@ -79,8 +80,9 @@ def outputs(lay: tiling.CallLayout, dtype, blocks):
 
 
 def summed(ys, lay: tiling.CallLayout, dtype) -> list[jax.Array]:
-  """`outputs` as (tokens, O) in `dtype`: the splits' partial sums added (by XLA), the
-  padding cut."""
-  ys = [jnp.sum(y, axis=0).astype(dtype) for y in ys] if lay.splits > 1 else list(ys)
+  """`outputs` as (tokens, O) in `dtype`: the splits' partial sums added by XLA in steps
+  it fuses into whatever reads them, a residual add or a norm (`fused_sum`), the padding
+  cut."""
+  ys = [fused_sum(y).astype(dtype) for y in ys] if lay.splits > 1 else list(ys)
   return [y if y.shape == (lay.tokens, o) else y[:lay.tokens, :o]
           for y, o in zip(ys, lay.outs)]
