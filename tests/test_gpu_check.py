@@ -230,35 +230,42 @@ def test_scale_in_memory_refuses_a_checkpoint_too(tmp_path):
       "--checkpoint and --in_memory exclude each other")
 
 
-STOPPED_RUN = """
-import json, sys
-sys.argv = ["gpu_kernel"]
-from absl import flags
-from benchmarks import gpu_kernel as g
-flags.FLAGS(["gpu_kernel", "--dry", "--parts=smoke,correct", "--out=" + sys.argv_out])
-c = g.config_from_flags()
+STOP_AFTER = """
 saves = []
-def save(result):  # writes, then stops the run as a time limit would after 3 rows
-  g.experiment.write_json(c.out, result, partial=True)
-  saves.append(len(result.get("correct", [])))
-  if saves[-1] == 3:
+def save(result):  # records, then stops the run as a time limit would, between rows
+{before}  saves.append({record})
+  if {stop}:
     raise KeyboardInterrupt
 try:
-  g.run(c, save)
+  {run}
 except KeyboardInterrupt:
   print(json.dumps(saves))
 """
+
+
+def stopped_saves(setup: str, run: str, record: str, stop: str, before: str = "") -> list:
+  """What each save(result) of a benchmark's run recorded, in a fresh process (a script's
+  flags would clash with a worker's) whose save raises KeyboardInterrupt once `stop` holds."""
+  code = "import json, sys\n" + setup + STOP_AFTER.format(before=before, record=record,
+                                                          stop=stop, run=run)
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                        timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_a_stopped_kernel_benchmark_keeps_its_rows(tmp_path):
   """gpu_kernel.py rewrites its JSON after every row: a step cut short by its limit keeps
   the ceiling and the rows it finished (as the H200 run's kernel_check did)."""
   out = tmp_path / "k.json"
-  code = STOPPED_RUN.replace("sys.argv_out", repr(str(out)))
-  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                        timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  assert json.loads(proc.stdout.strip().splitlines()[-1]) == [0, 1, 2, 3]
+  setup = (f"sys.argv = ['gpu_kernel']\nfrom absl import flags\n"
+           f"from benchmarks import gpu_kernel as g\n"
+           f"flags.FLAGS(['gpu_kernel', '--dry', '--parts=smoke,correct', '--out={out}'])\n"
+           f"c = g.config_from_flags()\n")
+  saves = stopped_saves(setup, "g.run(c, save)", "len(result.get('correct', []))",
+                        "saves[-1] == 3",
+                        before="  g.experiment.write_json(c.out, result, partial=True)\n")
+  assert saves == [0, 1, 2, 3]
   kept = json.loads(out.read_text())
   assert kept["complete"] is False  # saved partway, and says so
   assert kept["ceiling"]["ceiling_gb_s"] > 0 and len(kept["correct"]) == 3
@@ -289,32 +296,16 @@ def test_a_decode_step_killed_partway_keeps_its_rows(tmp_path):
   assert len(rows()) < 10 and rows()[0]["compile_s"] > 0  # 2 batches x 5 methods when done
 
 
-STOPPED_SCALE = """
-import json, sys
-from benchmarks import scale
-cfg = scale.ScaleConfig(
-    shape="gptj-tiny", checkpoint=None, layers=None, calib_tokens=256, seq_len=64, k=16,
-    methods=("cascade",), eigh_layers=0, dtype="bfloat16", decode_layers=0,
-    decode_dtype="float32", peak_bandwidth_gb_s=0.0, decode_k=16, new_tokens=4, repeats=1,
-    impl="auto", out="unused.json", in_memory=True)
-saves = []
-def save(result):  # as a time limit would stop it, after the first layer
-  saves.append(result)
-  raise KeyboardInterrupt
-try:
-  scale.run(cfg, save)
-except KeyboardInterrupt:
-  print(json.dumps(saves))
-"""
-
-
-def test_a_calibration_step_cut_short_keeps_its_layers(tmp_path):
+def test_a_calibration_step_cut_short_keeps_its_layers():
   """scale.py saves after every calibrated layer: a run stopped after the first (as a time
   limit would stop it) keeps how far it got, its phases and the layer's time."""
-  proc = subprocess.run([sys.executable, "-c", STOPPED_SCALE], capture_output=True, text=True,
-                        cwd=ROOT, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  (first,) = json.loads(proc.stdout.strip().splitlines()[-1])
+  setup = ("from benchmarks import scale\n"
+           "cfg = scale.ScaleConfig(shape='gptj-tiny', checkpoint=None, layers=None, "
+           "calib_tokens=256, seq_len=64, k=16, methods=('cascade',), eigh_layers=0, "
+           "dtype='bfloat16', decode_layers=0, decode_dtype='float32', peak_bandwidth_gb_s=0.0, "
+           "decode_k=16, new_tokens=4, repeats=1, impl='auto', out='unused.json', "
+           "in_memory=True)\n")
+  (first,) = stopped_saves(setup, "scale.run(cfg, save)", "result", "True")
   progress = first["calibration_progress"]["cascade"]
   assert progress["layers_done"] == 1 and progress["layers"] == 2
   assert len(progress["cumulative_layer_s"]) == 1 and progress["cumulative_layer_s"][0] > 0

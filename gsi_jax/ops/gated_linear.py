@@ -89,31 +89,30 @@ def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
 
 
 def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
-  """(…, k + 1) float32: g = x V_k in the first k columns and ‖x‖² in the last.  At one
-  token with V_T, lowered for a GPU or TPU, one row reduction leaves them so
+  """(…, k + 1) float32: g = x V_k in the first k columns and ‖x‖² in the last.  With V_T,
+  lowered for a GPU or TPU, one row reduction leaves them so
   (`project_with_energy_over_rows`), and the kernel reads g's k columns of it as they are:
-  a slice would be a kernel of its own.  Elsewhere `project` and `energy` side by side."""
+  a slice would be a kernel of its own.  On cpu, `project` and `energy` side by side."""
   def apart(x, V, V_KD):
-    g = project(x, weights) if V_KD is not None else x @ V
-    return jnp.concatenate([g.astype(jnp.float32), energy(x)[..., None]], -1)
-  if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
-    return apart(x_BTD, weights.V, weights.V_T)
+    return jnp.concatenate([(x @ V).astype(jnp.float32), energy(x)[..., None]], -1)
   return lax.platform_dependent(
-      x_BTD, weights.V, weights.V_T, cpu=lambda x, V, V_KD: apart(x, V, None),
+      x_BTD, weights.V, weights.V_T, cpu=apart,
       default=lambda x, V, V_KD: project_with_energy_over_rows(x, V_KD))
 
 
 def plain_gate(x_BTD: jax.Array, weights: GatedWeights, eps):
-  """(g with ‖x‖² as its last column, `project_with_energy`'s; ρ < ε per token):
-  `gate_mask`'s decision, from one reduction where one gives both.  In a decode (V_T),
-  a program lowered for a GPU or TPU sums ‖g‖² in steps XLA fuses into the select
-  (`fused_sum`: a reduce over k would be a kernel); cpu keeps the reduce."""
+  """(g, ρ < ε per token): `gate_mask`'s decision.  In a decode (V_T) at one token, g holds
+  ‖x‖² as a last column, which the kernel does not read (`project_with_energy`: one
+  reduction gives both), and a program lowered for a GPU or TPU sums ‖g‖² in steps XLA
+  fuses into the select (`fused_sum`: a reduce over k would be a kernel); cpu keeps the
+  reduce, so its numbers are `gate_mask`'s."""
+  if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
+    g_BTK = project(x_BTD, weights)
+    return g_BTK, gate_mask(x_BTD, g_BTK, eps)
   gx = project_with_energy(x_BTD, weights)
   xx = gx[..., -1]
-  squares = jnp.square(gx[..., :-1])
-  reduce = lambda sq: jnp.sum(sq, -1)
-  gg = reduce(squares) if weights.V_T is None else lax.platform_dependent(
-      squares, cpu=reduce, default=lambda sq: fused_sum(jnp.moveaxis(sq, -1, 0)))
+  gg = lax.platform_dependent(jnp.square(gx[..., :-1]), cpu=lambda sq: jnp.sum(sq, -1),
+                              default=lambda sq: fused_sum(jnp.moveaxis(sq, -1, 0)))
   return gx, fires(xx - gg, xx, eps)
 
 
@@ -178,8 +177,9 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
       return _xla(x_BTD, g_BTK, fast_BT, weights, gate), fast_BT, rank_BT
 
     def gated():  # g inside the branch, so ε ≤ 0 skips it (the g above is then unused)
-      gx, fast = plain_gate(x_BTD, weights, eps)
-      return _xla(x_BTD, gx[..., :-1].astype(x_BTD.dtype), fast, weights, gate), fast, rank_BT
+      g, fast = plain_gate(x_BTD, weights, eps)  # a decode's g holds ‖x‖² past k columns
+      g = g[..., :k].astype(x_BTD.dtype)
+      return _xla(x_BTD, g, fast, weights, gate), fast, rank_BT
     return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
@@ -188,8 +188,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
         if math.prod(x_BTD.shape[:-1]) != 1:  # the kernel's wrapper decides each token
           ys, fast = _pallas(x_BTD, project(x_BTD, weights), eps, weights)
           return ys, fast, rank_BT
-        gx, fast = plain_gate(x_BTD, weights, eps)  # the kernel reads gx's first k columns
-        ys, _ = _pallas(x_BTD, gx, fast.reshape(-1), weights)
+        g, fast = plain_gate(x_BTD, weights, eps)  # the kernel reads g's first k columns
+        ys, _ = _pallas(x_BTD, g, fast.reshape(-1), weights)
         return ys, fast, rank_BT
       return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
     # decided above (static, coin, ladder, sketch): the decision goes to the kernel as it
