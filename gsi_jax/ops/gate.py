@@ -80,9 +80,14 @@ def make_gate(eps: float, mode: str = "gated", *, impl: str = "auto", batch1_swi
               impl=check_impl(impl), batch1_switch=bool(batch1_switch))
 
 
+def energy(x_BTD: jax.Array) -> jax.Array:
+  """‖x‖² per token, in float32."""
+  return jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
+
+
 def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(‖x‖², ‖r‖²) per token in float32, from x and g = V_kᵀ x."""
-  xx = jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
+  xx = energy(x_BTD)
   gg = jnp.sum(jnp.square(g_BTK.astype(jnp.float32)), -1)
   return xx, xx - gg
 

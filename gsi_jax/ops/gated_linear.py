@@ -37,7 +37,7 @@ from jax import lax
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
 from gsi_jax.ops.fused_sum import fused_sum
-from gsi_jax.ops.gate import (Gate, coin_fast, fires, gate_mask, ladder_ranks,
+from gsi_jax.ops.gate import (Gate, coin_fast, energy, fires, gate_mask, ladder_ranks,
                               output_gate_mask, soft_fast, straight_through)
 
 
@@ -56,11 +56,6 @@ class GatedWeights(NamedTuple):
   rungs: jax.Array | None = None
   W_transposed: bool = False
   V_T: jax.Array | None = None
-
-
-def energy(x_BTD: jax.Array) -> jax.Array:
-  """‖x‖² per token, in float32."""
-  return jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
 
 
 def project_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
