@@ -7,13 +7,16 @@ A figure is marked by an HTML comment right after it (hidden when the Markdown r
 The comment names a JSON under results/, a field in it and how the figure is written.  The
 figure is the number just before the comment; up to three unit characters (×, %, …) may
 stand between them.  A line may name one record for all its figures (a table row):
-`<!--@ pareto.json records{method=gsi;knob=k=128} -->` anywhere on it, and then
+`<!--@ pareto.json records{method=gsi;knob=k=128} -->` anywhere on it (it holds until the next record or the paragraph's end), and then
 `0.81<!--= .measured_speedup .2f -->` reads that record's field, and
 `0.66<!--= pareto_best_dense.json .over_best_dense .2f -->` the same record in another JSON.  A field is dotted keys and list indices (`targets.0.wall_s`), a key with dots quoted
 (`median_cpu_s.'0.7.0'.jax`); a list
 of objects is also indexed by the values of its keys (`records{method=gsi;knob=k=128}`:
-exactly one must match).  The format is Python's (`.2f`, `d`, `,d`), after an optional
-scale: `*100.1f` writes a share as a percentage, `/60.1f` seconds as minutes.
+exactly one must match).  A step ending in `*` takes every item instead (`records*`, or
+`records{mode=gated}*`, at least one; `{kept=0.25/0.5}` matches either value), and the format then starts with how the values are
+summarised: `min:`, `max:`, `n:` (how many) or `n>=0.85:` (how many are at least 0.85).  The
+format is Python's (`.2f`, `d`, `,d`), after an optional scale: `*100.1f` writes a share as a
+percentage, `/60.1f` seconds as minutes.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ("README.md", "RESULTS.md", "BUILD_NOTES.md")
-MARKER = re.compile(r"(?P<figure>-?\d[\d,]*(?:\.\d+)?)(?P<unit>[^\s\d<>]{0,3})"
+MARKER = re.compile(r"(?P<figure>-?\d[\d,]*(?:\.\d+)?(?:e[-+]\d+)?)(?P<unit>[^\s\d<>]{0,3})"
                     r"<!--= (?:(?P<path>\S+) )?(?P<field>\S+) (?P<format>\S+) -->")
 LINE_RECORD = re.compile(r"<!--@ (?P<path>\S+) (?P<record>\S+) -->")
 ANY_MARKER = re.compile(r"<!--=.*?-->", re.S)
-_FORMAT = re.compile(r"^(?:(?P<op>[*/])(?P<by>\d+(?:\.\d+)?)(?=[.,d]))?(?P<spec>[.,\d]*[df])$")
-_STEP = re.compile(r"(?:'(?P<quoted>[^']+)'|(?P<key>[^.{}']+))(?:\{(?P<match>[^{}]*)\})?")
+_FORMAT = re.compile(r"^(?:(?P<summary>min|max|n|n(?P<cmp>>=|<=|>|<)(?P<bound>-?\d+(?:\.\d+)?)):)?"
+                     r"(?:(?P<op>[*/])(?P<by>\d+(?:\.\d+)?)(?=[.,d]))?(?P<spec>[.,\d]*[dfe])$")
+_STEP = re.compile(r"(?:'(?P<quoted>[^']+)'|(?P<key>[^.{}'*]+))(?:\{(?P<match>[^{}]*)\})?"
+                   r"(?P<every>\*)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +53,25 @@ class Figure:
 
 def figures(text: str, document: str) -> list[Figure]:
   """Every marked figure in `text`; a marker that follows no figure is an error."""
-  found, tied, offset = [], set(), 0
+  found, tied, offset, record = [], set(), 0, None
   for number, line in enumerate(text.split("\n"), 1):
-    record = LINE_RECORD.search(line)
+    if not line.strip():
+      record = None  # a record holds to the end of its paragraph
+    on_line = list(LINE_RECORD.finditer(line))
     for m in MARKER.finditer(line):
       tied.add(offset + m.end("unit"))
       path, field = m["path"], m["field"]
-      if field.startswith("."):  # the line's record
-        if record is None:
-          raise ValueError(f"{document}:{number}: {m.group(0)!r} reads the line's record, "
-                           "and the line names none (<!--@ PATH RECORD -->)")
-        path, field = path or record["path"], record["record"] + field
+      before = [r for r in on_line if r.start() < m.start()]
+      reads = before[-1] if before else record or (on_line[0] if on_line else None)
+      if field.startswith("."):  # the record before it in its paragraph
+        if reads is None:
+          raise ValueError(f"{document}:{number}: {m.group(0)!r} reads a record, and "
+                           "no line of its paragraph up to it names one (<!--@ PATH RECORD -->)")
+        path, field = path or reads["path"], reads["record"] + field
       if path is None:
         raise ValueError(f"{document}:{number}: {m.group(0)!r} names no JSON")
       found.append(Figure(document, number, m["figure"], path, field, m["format"]))
+    record = on_line[-1] if on_line else record
     offset += len(line) + 1
   stray = [text.count("\n", 0, m.start()) + 1 for m in ANY_MARKER.finditer(text)
            if m.start() not in tied]
@@ -85,11 +95,14 @@ def _split_field(field: str) -> list[str]:
 
 
 def lookup(data, field: str):
-  """The value at `field` in `data`; KeyError naming the step that is missing."""
-  for step in _split_field(field):
+  """The value at `field` in `data`, or the list of values where a step ends in `*`;
+  KeyError naming the step that is missing."""
+  steps = _split_field(field)
+  for i, step in enumerate(steps):
     m = _STEP.fullmatch(step)
     if m is None:
-      raise KeyError(f"{step!r} is not a key, an index or key{{name=value;...}}")
+      raise KeyError(f"{step!r} is not a key, an index or key{{name=value;...}}, with or "
+                     "without a * after it")
     key = m["quoted"] or m["key"]
     if isinstance(data, list):
       if not key.isdigit() or int(key) >= len(data):
@@ -99,10 +112,17 @@ def lookup(data, field: str):
       data = data[key]
     else:
       raise KeyError(f"{key!r}: no such key")
-    if m["match"] is not None:
-      wanted = dict(pair.split("=", 1) for pair in m["match"].split(";"))
-      hits = [item for item in data if isinstance(item, dict)
-              and all(str(item.get(k)) == v for k, v in wanted.items())]
+    if m["match"] is not None or m["every"]:
+      if not isinstance(data, list):
+        raise KeyError(f"{step!r}: not a list")
+      wanted = dict(pair.split("=", 1) for pair in m["match"].split(";")) if m["match"] else {}
+      hits = [item for item in data if not wanted or isinstance(item, dict)
+              and all(str(item.get(k)) in v.split("/") for k, v in wanted.items())]
+      if m["every"]:
+        if not hits:
+          raise KeyError(f"{step!r}: no item matches")
+        rest = ".".join(steps[i + 1:])
+        return [lookup(item, rest) if rest else item for item in hits]
       if len(hits) != 1:
         raise KeyError(f"{step!r}: {len(hits)} items match, not 1")
       data = hits[0]
@@ -112,12 +132,29 @@ def lookup(data, field: str):
 def formatted(value, fmt: str) -> str:
   m = _FORMAT.match(fmt)
   if m is None:
-    raise ValueError(f"format {fmt!r} is not [*N|/N]{{.Nf|d|,d}}")
+    raise ValueError(f"format {fmt!r} is not [min:|max:|n:|n>=N:][*N|/N]{{.Nf|.Ne|d|,d}}")
+  if isinstance(value, list) != bool(m["summary"]):
+    raise ValueError(f"format {fmt!r}: a list of values needs min:, max: or n:, and only a "
+                     "list takes one")
+  if m["summary"]:
+    if m["summary"] != "n" and not all(isinstance(v, (int, float)) for v in value):
+      raise ValueError(f"format {fmt!r}: not every value is a number")
+    if m["summary"] in ("min", "max"):
+      value = min(value) if m["summary"] == "min" else max(value)
+    else:
+      bound = float(m["bound"]) if m["bound"] else None
+      compare = {">=": float.__ge__, "<=": float.__le__, ">": float.__gt__,
+                 "<": float.__lt__}.get(m["cmp"])
+      value = len(value) if bound is None else sum(compare(float(v), bound) for v in value)
   if m["op"]:
     value = value * float(m["by"]) if m["op"] == "*" else value / float(m["by"])
   if m["spec"].endswith("d"):
     value = int(round(value))
   return format(value, m["spec"])
+
+
+def _is_number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check(figure: Figure, results: str) -> str | None:
@@ -131,9 +168,12 @@ def check(figure: Figure, results: str) -> str | None:
     value = lookup(data, figure.field)
   except KeyError as e:
     return f"{figure}: {e.args[0]}"
-  if not isinstance(value, (int, float)) or isinstance(value, bool):
+  if not (_is_number(value) or isinstance(value, list)):
     return f"{figure}: the field holds {value!r}, not a number"
-  expected = formatted(value, figure.format)
+  try:
+    expected = formatted(value, figure.format)
+  except ValueError as e:
+    return f"{figure}: {e}"
   if expected.replace(",", "") != figure.written.replace(",", ""):
     return f"{figure}: the JSON gives {expected}"
   return None

@@ -64,7 +64,7 @@ def test_a_changed_json_field_or_a_missing_json_fails(copy_of_the_docs):
 def test_a_marker_after_no_figure_or_a_missing_field_fails():
   with pytest.raises(ValueError, match="lines \\[2\\]"):
     doc_figures.figures("a 1.5<!--= x.json a .2f -->\nno figure <!--= x.json a .2f -->", "D")
-  with pytest.raises(ValueError, match="names none"):
+  with pytest.raises(ValueError, match="up to it names one"):
     doc_figures.figures("a 1.5<!--= .a .2f -->", "D")
   row = "| <!--@ x.json r{m=b} -->b | 3.0<!--= .v .1f --> | 4<!--= y.json .w d --> |"
   assert [(f.path, f.field) for f in doc_figures.figures(row, "D")] == [
@@ -75,6 +75,24 @@ def test_a_marker_after_no_figure_or_a_missing_field_fails():
                             "r{m=b}.v") == 3
   assert doc_figures.formatted(0.0436, "*100.1f") == "4.4"
   assert doc_figures.formatted(1656.0, "/60.1f") == "27.6"
+
+
+def test_figures_summarised_over_records():
+  data = {"r": [{"m": "a", "v": 0.5}, {"m": "a", "v": 0.9}, {"m": "b", "v": 0.2}]}
+  values = doc_figures.lookup(data, "r{m=a}*.v")
+  assert values == [0.5, 0.9] and doc_figures.lookup(data, "r*.v") == [0.5, 0.9, 0.2]
+  assert doc_figures.lookup(data, "r{m=b/c}*.v") == [0.2]
+  assert [doc_figures.formatted(values, f) for f in ("min:.2f", "max:*100.0f", "n:d",
+                                                     "n>=0.85:d", "n<0.85:d")] == [
+      "0.50", "90", "2", "1", "1"]
+  with pytest.raises(KeyError, match="no item matches"):
+    doc_figures.lookup(data, "r{m=c}*.v")
+  with pytest.raises(ValueError, match="needs min:"):
+    doc_figures.formatted(values, ".2f")
+  with pytest.raises(ValueError, match="only a list"):
+    doc_figures.formatted(0.5, "max:.2f")
+  row = "<!--@ x.json r{m=a}* --> from 0.50<!--= .v min:.2f --> to 0.90<!--= .v max:.2f -->"
+  assert [f.field for f in doc_figures.figures(row, "D")] == ["r{m=a}*.v"] * 2
 
 
 def _paragraphs(text):
@@ -166,3 +184,40 @@ def test_the_machine_table_lists_every_json_once_under_the_machine_its_run_names
   assert not wrong, "\n".join(wrong)
   assert every == set(listed) and set(listed.values()) == {1}, (
       every ^ set(listed), [n for n, c in listed.items() if c > 1])
+
+
+def _as_read(name):
+  """A document as it renders: its hidden markers taken out."""
+  with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+    return re.sub(r"<!--.*?-->", "", f.read(), flags=re.S)
+
+
+def test_results_and_build_notes_are_short_enough_to_read():
+  """RESULTS at most 45 KB and BUILD_NOTES at most 20 KB, as read (the markers that tie their
+  figures to the JSON are hidden comments, and on disk they add to RESULTS' size)."""
+  assert len(_as_read("RESULTS.md").encode()) <= 45_000
+  assert len(_as_read("BUILD_NOTES.md").encode()) <= 20_000
+  with open(os.path.join(ROOT, "BUILD_NOTES.md"), encoding="utf-8") as f:
+    assert len(f.read().encode()) <= 20_000
+
+
+def _section_anchors():
+  """GitHub's anchor of every heading in RESULTS, and the numbers of its sections."""
+  headings = re.findall(r"^#{2,3} (.+)$", _as_read("RESULTS.md"), re.M)
+  anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+  numbers = {m[1] for h in headings if (m := re.match(r"(\d+(?:\.\d+)?)\.? ", h))}
+  return anchors, numbers
+
+
+def test_every_link_and_section_number_names_a_section_of_results():
+  """README's links into RESULTS land on a heading, and every "§N" in the three documents is a
+  section RESULTS has."""
+  anchors, numbers = _section_anchors()
+  assert {"4", "9.1", "11.2", "14.2"} <= numbers
+  missing = []
+  for name in DOCUMENTS:
+    text = _as_read(name)
+    missing += [f"{name}: #{a}" for a in re.findall(r"RESULTS\.md#([^)\s]+)", text)
+                if a not in anchors]
+    missing += [f"{name}: §{n}" for n in re.findall(r"§(\d+(?:\.\d+)?)", text) if n not in numbers]
+  assert not missing, missing

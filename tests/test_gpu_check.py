@@ -318,7 +318,7 @@ H200 = os.path.join(ROOT, "results", "benchmarks", "gpu")
 
 def test_the_h200_run_summary_is_its_files(tmp_path):
   """The committed H200 run (RESULTS §14.1): its summary is what gpu_summary.py makes of
-  its files, and the figures the docs quote are in them."""
+  its files, and holds together."""
   proc = run_benchmark("gpu_summary.py", [f"--dir={H200}", f"--out={tmp_path / 's.json'}"])
   assert proc.returncode == 0, proc.stderr[-2000:]
   made = json.loads((tmp_path / "s.json").read_text())
@@ -329,34 +329,21 @@ def test_the_h200_run_summary_is_its_files(tmp_path):
     summary["gptj_6b_shape"]["missing"] = os.path.basename(
         summary["gptj_6b_shape"]["missing"])
   assert made == committed
-  s = committed
+  s = committed  # its figures are marked in RESULTS §14.1 and checked there (test_docs.py)
   assert {k: v["exit_status"] for k, v in s["steps"].items()} == {
       "kernel_check": 124, "kernel_tests": 124, "kernel_timing": 0, "kernel_tiles": 0,
       "kernel_kept": 0, "scale": 124}
-  assert round(s["ceiling_gb_s"]) == 3286 and round(s["ceiling"]["reduce_gb_s"]) == 2972
-  c = s["correctness"]  # the step's limit cut it at 39 of 54 cases: none failed
-  assert c["cases"] == c["passed"] == 39 and not c["failed"]
-  calls = {(r["d"], r["out"], r["tokens"], r["fast_share"]): r for r in s["kernel_calls"]}
-  one_fast, one_slow = calls[(4096, 16384, 1, 1.0)], calls[(4096, 16384, 1, 0.0)]
-  assert [round(one_fast[k], 2) for k in ("speedup", "speedup_low", "speedup_high")] == \
-      [2.33, 2.19, 2.39]
-  assert [round(one_slow[k], 2) for k in ("speedup", "speedup_low", "speedup_high")] == \
-      [0.71, 0.67, 0.73]
-  # All fast, the byte ideals: M against W (16x, 64x at fc_out), and with V_k, which
-  # g = x V_k reads on every token (8x to 12.8x).
-  ideals = {(d, o): (r["byte_ideal_speedup"], round(r["byte_ideal_with_v_k"], 2))
-            for (d, o, tokens, fast), r in calls.items() if tokens == 1 and fast == 1.0}
-  assert ideals == {(4096, 16384): (16.0, 12.8), (4096, 4096): (16.0, 8.0),
-                    (16384, 4096): (64.0, 12.8)}
-  assert max(r["speedup_high"] for r in s["kernel_calls"] if r["tokens"] > 1) < 1.1
-  kept = {(r["kernel"], r["tokens"], round(r["keep_share"], 1)): r for r in s["kept_calls"]}
-  assert all(r["passed"] for r in s["kept_calls"]) and len(kept) == 18
-  assert round(kept[("kept_dots", 1, 0.5)]["speedup"], 2) == 1.34
-  assert round(kept[("kept_rows", 1, 0.5)]["speedup"], 2) == 0.99
-  assert s["best_tile"]["tile"] == "64x256x8"
+  assert s["ceiling_gb_s"] == max(s["ceiling"]["reduce_gb_s"], s["ceiling"]["copy_gb_s"])
+  c = s["correctness"]  # the step's limit cut it short of its cases: none failed
+  assert c["cases"] == c["passed"] and not c["failed"]
+  for r in s["kernel_calls"]:  # V_k's read lowers every all-fast ideal
+    if r["fast_share"] == 1.0:
+      assert r["byte_ideal_with_v_k"] < r["byte_ideal_speedup"]
+  assert all(r["passed"] for r in s["kept_calls"])
+  assert s["best_tile"]["tile"] == min(s["best_tile"]["us_slow_plus_fast"],
+                                       key=s["best_tile"]["us_slow_plus_fast"].get)
   scale = json.loads(open(os.path.join(H200, "rerun", "scale_gptj_6b.json")).read())
-  assert round(scale["calibration_s"]["cascade"], 1) == 164.9 and scale["layers"] == 28
-  assert round(scale["dense_tokens_per_s"], 1) == 283.7 and scale["points"] == []
+  assert scale["layers"] == 28 and scale["points"] == []  # its limit came before any point
 
 
 def test_the_stated_bound_is_the_sum_of_every_limit():

@@ -250,7 +250,7 @@ def test_make_checkpoint_refuses_to_overwrite(sharded_checkpoint):
 
 def test_memory_plan_models_what_a_process_reads():
   """footprint's bytes for GPT-J's first 4 layers on 2 devices are what each of the 2
-  processes of RESULTS §13.4 read (bytes_read_gb_per_process), and on 1 device the whole."""
+  processes of RESULTS §13.3 read (bytes_read_gb_per_process), and on 1 device the whole."""
   with open(os.path.join(ROOT, "results/benchmarks/scale-gptj-6b-4-layers-2-processes.json"),
             encoding="utf-8") as f:
     two = json.load(f)

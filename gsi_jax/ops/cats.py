@@ -11,7 +11,8 @@ input threshold to the smallest positive float, so the rows skipped are exactly
 those that would add 0).  Threshold 0 keeps every channel: the dense MLP.
 At one token on XLA, W_gate goes through the kept-rows kernel too, every row kept, so the
 MLP's three maps run through one kind of product (an XLA dot between the kernel's calls
-left both slower per byte in an earlier profile; RESULTS §11.5 has the current one).
+left both slower per byte in an earlier profile; `decode_dense_equivalents.json` has the
+current one).
 """
 
 from __future__ import annotations
