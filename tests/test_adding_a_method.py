@@ -14,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every test that enumerates the registry against something committed or fixed.
 ENUMERATING = ["tests/test_methods.py::test_the_registry_holds_every_method_declared_whole",
-               "tests/test_results.py::test_pareto_summaries_are_recomputed_from_its_records",
+               "tests/test_results.py::test_pareto_run_holds_every_method_and_its_summaries",
                "tests/test_gpu_programs.py::test_the_committed_method_programs"]
 
 
