@@ -41,10 +41,23 @@ def assert_close(ys, refs, dtype):
 @pytest.mark.parametrize("platform, dtype", PLANS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_kept_rows_match_reference(platform, shape, dtype):
+  """With a mask, and with a threshold the kernel applies to x itself (none kept, some,
+  every entry)."""
   x, keep, Ws = problem(*shape, dtype)
-  for kept in (keep, jnp.zeros_like(keep), jnp.ones_like(keep)):
+  thresholds = [jnp.float32(t) for t in (np.inf, 0.8, 0.0)]
+  for kept in (keep, jnp.zeros_like(keep), jnp.ones_like(keep), *thresholds):
     assert_close(kept_kernel.kept_rows_on(platform, x, kept, Ws, interpret=True),
                  kept_kernel.kept_rows_reference(x, kept, Ws), dtype)
+
+
+def test_a_threshold_keeps_what_magnitude_keep_keeps():
+  x = jnp.asarray([[-0.5, 0.25, 0.0, 2.0]], jnp.bfloat16)
+  np.testing.assert_array_equal(kept_kernel.kept_mask(x, jnp.float32(0.25)),
+                                [[True, True, False, True]])
+  keep = jnp.asarray([[True, False, False, True]])
+  assert kept_kernel.kept_mask(x, keep) is keep
+  with pytest.raises(ValueError, match="one threshold"):
+    kept_kernel.kept_mask(x, jnp.ones(4))
 
 
 @pytest.mark.parametrize("platform, dtype", PLANS)
@@ -64,14 +77,17 @@ def test_kept_dots_match_reference(platform, shape, dtype):
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_rows_no_token_keeps_are_not_read(platform, tokens):
   """W's rows that no token keeps, and W_OD's rows that no token keeps, hold NaN: a kernel
-  that loaded them (and multiplied by zero) would return NaN; a masked load never sees them."""
+  that loaded them (and multiplied by zero) would return NaN; a masked load never sees them.
+  So too with a threshold the kernel applies."""
   x, keep, (W,) = problem(tokens, 300, (130,), jnp.float32, seed=3)
-  unread = ~np.asarray(keep).any(0)
-  assert 0 < unread.sum() < 300
-  poisoned = jnp.where(jnp.asarray(unread)[:, None], jnp.nan, W)
-  (y,) = kept_kernel.kept_rows_on(platform, x, keep, [poisoned], interpret=True)
-  assert np.isfinite(np.asarray(y)).all()
-  assert_close([y], kept_kernel.kept_rows_reference(x, keep, [W]), jnp.float32)
+  threshold = jnp.float32(1.5 if tokens == 1 else 2.0)
+  for kept in (keep, threshold):
+    unread = ~np.asarray(kept_kernel.kept_mask(x, kept)).any(0)
+    assert 0 < unread.sum() < 300
+    poisoned = jnp.where(jnp.asarray(unread)[:, None], jnp.nan, W)
+    (y,) = kept_kernel.kept_rows_on(platform, x, kept, [poisoned], interpret=True)
+    assert np.isfinite(np.asarray(y)).all()
+    assert_close([y], kept_kernel.kept_rows_reference(x, kept, [W]), jnp.float32)
   keep_O = jnp.asarray(np.random.default_rng(4).random((tokens, 130)) < 0.2)
   dropped = ~np.asarray(keep_O).any(0)
   W_OD = jnp.where(jnp.asarray(dropped)[:, None], jnp.nan, W.T)
@@ -106,13 +122,14 @@ def test_lower_to_one_kernel_call(platform):
 def test_ops_take_the_kernel_by_impl(tokens):
   """kept_product (sparsity, the residual, R-Sparse) and CATS' up projection agree on every
   impl; "pallas" runs the kernel here (interpreted), "auto" the XLA or FFI path on cpu."""
-  x, keep, Ws = problem(tokens, 96, (40, 24), jnp.float32, seed=5)
-  x, keep = x[None], keep[None]
+  x, _, Ws = problem(tokens, 96, (40, 24), jnp.float32, seed=5)
+  x, threshold = x[None], jnp.float32(0.7)
   W_gate, W_up = Ws[0][:, :24], Ws[1]
   results = {}
   for impl in ("xla", "pallas", "auto"):
     gate = make_gate(0.1, impl=impl, batch1_switch=True)
-    ys = kept_product(x, keep, Ws, gate)
+    ys, keep = kept_product(x, threshold, Ws, gate)
+    assert 0 < int(keep.sum()) < keep.size
     _, up, kept = cats_gated_linear(x, W_gate, W_up, W_up.T, 0.05, jax.nn.silu, gate)
     results[impl] = [np.asarray(y) for y in ys] + [np.asarray(up)]
     assert 0 < int(kept.sum()) < kept.size
@@ -127,8 +144,8 @@ def test_auto_on_a_gpu_exports_the_kernel_and_nothing_cpu_only(platform):
   FFI call (the CPU kernel is never lowered into a GPU program), no interpreter loop."""
   gate = make_gate(0.1, impl="auto", batch1_switch=True)
   arg = jax.ShapeDtypeStruct
-  fn = jax.jit(lambda x, keep, Ws: kept_product(x, keep, list(Ws), gate))
-  args = (arg((1, 1, 576), jnp.float32), arg((1, 1, 576), jnp.bool_),
+  fn = jax.jit(lambda x, threshold, Ws: kept_product(x, threshold, list(Ws), gate)[0])
+  args = (arg((1, 1, 576), jnp.float32), arg((), jnp.float32),
           (arg((576, 576), jnp.float32), arg((576, 192), jnp.float32)))
   exported = programs.export_for(fn, args, platform)
   assert programs.kernel_calls(exported, platform) == 1

@@ -242,13 +242,14 @@ def gptj_site_launches(platform: str, tokens: int = 1) -> list[dict]:
 
 def kept_exports(platform: str, dtype, tokens: int = 1, d: int = 4096,
                  outs=(14336, 14336)) -> dict[tuple[int, ...], export.Exported]:
-  """The kept-rows kernel at a site's maps (default: Llama-3-8B's gate and up, one call) and
-  the kept-dots kernel at the first (its up stored transposed), exported for `platform`;
-  keyed by the outputs each call serves."""
+  """The kept-rows kernel at a site's maps (default: Llama-3-8B's gate and up, one call),
+  taking the site's threshold as a model's sparse sites give it, and the kept-dots kernel at
+  the first (its up stored transposed), exported for `platform`; keyed by the outputs each
+  call serves."""
   arg = jax.ShapeDtypeStruct
-  x, keep = arg((tokens, d), dtype), arg((tokens, d), jnp.bool_)
-  rows = export_for(jax.jit(lambda x, keep, Ws: kept_kernel.kept_rows_on(platform, x, keep, Ws)),
-                    (x, keep, tuple(arg((d, o), dtype) for o in outs)), platform)
+  x = arg((tokens, d), dtype)
+  rows = export_for(jax.jit(lambda x, t, Ws: kept_kernel.kept_rows_on(platform, x, t, Ws)),
+                    (x, arg((), jnp.float32), tuple(arg((d, o), dtype) for o in outs)), platform)
   dots = export_for(jax.jit(lambda x, keep, W: kept_kernel.kept_dots_on(platform, x, keep, W)),
                     (x, arg((tokens, outs[0]), jnp.bool_), arg((outs[0], d), dtype)), platform)
   return {tuple(outs): rows, tuple(outs[:1]): dots}

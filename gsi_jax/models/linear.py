@@ -17,7 +17,7 @@ from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
 from gsi_jax.models.activations import activation as apply_activation
 from gsi_jax.ops import (Gate, GatedWeights, cats_gated_linear, gated_linear, kept_product,
-                         magnitude_keep, residual_sparse_linear)
+                         residual_sparse_linear)
 
 
 def add_bias(y_BTO: jax.Array, b_O: jax.Array) -> jax.Array:
@@ -57,9 +57,8 @@ class LinearSite(nn.Module):
   def _sparse(self, x_BTD, threshold, Ws, gate: Gate | None, factors=None):
     """Magnitude sparsity: the inputs below the threshold are dropped, or with
     factors [(A, B)] per map (R-Sparse) they go through the low-rank x A B instead."""
-    keep_BTD = magnitude_keep(x_BTD, threshold, gate)
+    ys, keep_BTD = kept_product(x_BTD, threshold, Ws, gate)
     self.sow("sparsity_stats", "kept", jnp.mean(keep_BTD, -1, dtype=jnp.float32))
-    ys = kept_product(x_BTD, keep_BTD, Ws, gate)
     if factors is None:
       return ys
     dropped_BTD = x_BTD - x_BTD * keep_BTD.astype(x_BTD.dtype)

@@ -10,9 +10,10 @@ of the call keeps it, as a masked load, so its bytes are never read, as TEAL's s
 GEMV does; here one call serves every map of a site, and the batch and decode tile plans
 of the gated kernel (`gsi_jax.ops.tiling`) apply: at one token wide output blocks, a
 split reduction and a 2-D float32 accumulator summed once after the loop; one block of
-up to 64 tokens, so no row is read twice in a call.  Kept rows take x with its dropped
-entries zeroed and read the rows where some token's entry is non-zero (a kept entry that
-is exactly 0 adds nothing).  Each kernel is chosen by the platform its program is
+up to 64 tokens, so no row is read twice in a call.  Kept rows take x with a mask, or with
+the site's threshold (|x| ≥ t kept), which the kernel applies to x itself, so that no XLA
+select stands between x's producer and the call; they read the rows where some token's kept
+entry is non-zero (a kept entry that is exactly 0 adds nothing).  Each kernel is chosen by the platform its program is
 lowered for: Triton on cuda and rocm, the cuda plan in interpret mode on cpu, and the
 masked product in XLA on tpu (Mosaic has no masked loads, so a row cannot be skipped
 there).
@@ -34,9 +35,22 @@ from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, o
                                      store, summed)
 
 
-def kept_rows_reference(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
-  """(x · keep) W_i for each W_i (d, O_i), in float32 at IEEE precision."""
-  x = jnp.where(keep_TD, x_TD, 0).astype(jnp.float32)
+def kept_mask(x_TD, keep) -> jax.Array:
+  """keep as a (T, d) mask: itself (bool), or |x| ≥ keep where keep is one threshold (a
+  scalar, compared in float32 as `sparse_rows.magnitude_keep` does)."""
+  keep = jnp.asarray(keep)
+  if keep.dtype == jnp.bool_:
+    return keep
+  if keep.ndim:
+    raise ValueError(f"keep is a (T, d) bool mask or one threshold, not {keep.dtype} of "
+                     f"shape {keep.shape}")
+  return jnp.abs(x_TD.astype(jnp.float32)) >= keep.astype(jnp.float32)
+
+
+def kept_rows_reference(x_TD, keep, Ws: Sequence[jax.Array]) -> list[jax.Array]:
+  """(x · keep) W_i for each W_i (d, O_i), in float32 at IEEE precision; keep a mask or a
+  threshold (`kept_mask`)."""
+  x = jnp.where(kept_mask(x_TD, keep), x_TD, 0).astype(jnp.float32)
   return [jnp.dot(x, W.astype(jnp.float32), precision=PRECISION).astype(x_TD.dtype)
           for W in Ws]
 
@@ -67,13 +81,16 @@ def _x_tile(x_ref, s, c, lay: tiling.CallLayout):
                       activations)
 
 
-def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
+def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout, thresholded: bool):
   """One token: a 2-D float32 accumulator (block_d, block_o), summed once after the loop,
-  the rows to read being x's non-zero entries.  Several tokens: a dot per step, the rows
-  to read loaded from the first of refs (any token's entry non-zero, found before the
-  call), so no step reduces across tokens."""
+  the rows to read being x's non-zero kept entries.  Several tokens: a dot per step, the
+  rows to read loaded from refs (any token's kept entry non-zero, found before the call),
+  so no step reduces across tokens.  thresholded: the first of refs holds the threshold
+  (1, 1), and each tile of x keeps |x| ≥ it; else x comes with its dropped entries zeroed."""
   bt, bo, bd = lay.block_t, lay.block_o, lay.block_d
   vector = bt == 1
+  t_ref, refs = (refs[0], refs[1:]) if thresholded else (None, refs)
+  t = jnp.max(t_ref[...]) if thresholded else None  # (1, 1): one threshold for the call
   rows_ref, refs = (None, refs) if vector else (refs[0], refs[1:])
   n = len(lay.outs)
   W_refs, y_refs = refs[:n], refs[n:]
@@ -86,6 +103,8 @@ def _kept_rows_kernel(x_ref, *refs, lay: tiling.CallLayout):
 
     def body(c, acc):
       r0, ok, a = _x_tile(x_ref, s, c, lay)
+      if thresholded:
+        a = jnp.where(jnp.abs(a.astype(jnp.float32)) >= t, a, jnp.zeros_like(a))
       if vector:
         needed = a != 0  # rows past d load as 0: never needed
       else:
@@ -138,32 +157,38 @@ def _kept_dots_kernel(x_ref, keep_ref, W_ref, y_ref, *, lay: tiling.CallLayout):
   store(y_ref, (y[None, :] if vector else y).astype(y_ref.dtype), rows_ok)
 
 
-def kept_rows_on(platform: str, x_TD, keep_TD, Ws: Sequence[jax.Array], *,
+def kept_rows_on(platform: str, x_TD, keep, Ws: Sequence[jax.Array], *,
                  plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kept-rows kernel with `platform`'s tile plan (cuda or rocm), compiled or
-  interpreted: [(x · keep) W_i], reading W_i's rows that some token keeps."""
+  interpreted: [(x · keep) W_i], reading W_i's rows that some token keeps.  keep: a (T, d)
+  mask, applied in XLA, or one threshold, which the kernel applies (`kept_mask`)."""
   T, D = x_TD.shape
   outs = tuple(W.shape[1] for W in Ws)
   lay = tiling.layout(plan or tiling.plan_for(platform, T), T, D, 1, outs,
                       itemsize=jnp.dtype(Ws[0].dtype).itemsize)
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
-  x_kept = jnp.where(keep_TD, x_TD, 0)
+  thresholded = jnp.asarray(keep).dtype != jnp.bool_
+  x_in = x_TD if thresholded else jnp.where(keep, x_TD, 0)
+  t, t_spec = ([jnp.reshape(jnp.asarray(keep, jnp.float32), (1, 1))],
+               [pl.BlockSpec((1, 1), lambda i, j, s: (0, 0))]) if thresholded else ([], [])
   # Several tokens: which rows any token needs, once, before the call (one token reads
   # them off x itself).
   rows, rows_spec = ([], []) if lay.block_t == 1 else (
-      [jnp.any(x_kept != 0, axis=0, keepdims=True).astype(jnp.int32)],
+      [jnp.any(jnp.where(kept_mask(x_TD, keep), x_TD, 0) != 0, axis=0,
+               keepdims=True).astype(jnp.int32)],
       [pl.BlockSpec((1, lay.d_chunk), lambda i, j, s: (0, s))])
   ys = pl.pallas_call(
-      functools.partial(_kept_rows_kernel, lay=lay),
+      functools.partial(_kept_rows_kernel, lay=lay, thresholded=thresholded),
       out_shape=out_shapes, grid=lay.grid,
-      in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)), *rows_spec,
+      in_specs=[pl.BlockSpec((lay.block_t, lay.d_chunk), lambda i, j, s: (i, s)), *t_spec,
+                *rows_spec,
                 *[pl.BlockSpec((lay.d_chunk, lay.block_o), lambda i, j, s, b=b: (s, b(j)))
                   for b in blocks]],
       out_specs=out_specs, interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_rows",
-  )(pad(x_kept, (lay.padded_tokens, D)), *rows, *Ws)
+  )(pad(x_in, (lay.padded_tokens, D)), *t, *rows, *Ws)
   return summed(ys, lay, x_TD.dtype)
 
 
@@ -192,13 +217,14 @@ def kept_dots_on(platform: str, x_TD, keep_TO, W_OD, *, plan: tiling.TilePlan | 
 
 
 @jax.jit
-def kept_rows(x_TD, keep_TD, Ws: Sequence[jax.Array]) -> list[jax.Array]:
-  """[(x · keep) W_i] for every map of a site in one call: the kernel on cuda and rocm, the
-  cuda plan interpreted on cpu, XLA's masked product on tpu."""
+def kept_rows(x_TD, keep, Ws: Sequence[jax.Array]) -> list[jax.Array]:
+  """[(x · keep) W_i] for every map of a site in one call, keep a mask or one threshold
+  (`kept_mask`): the kernel on cuda and rocm, the cuda plan interpreted on cpu, XLA's
+  masked product on tpu."""
   on = lambda platform, interpret=False: lambda *a: kept_rows_on(platform, *a,
                                                                  interpret=interpret)
-  masked = lambda x, keep, Ws: [jnp.where(keep, x, 0) @ W for W in Ws]
-  return lax.platform_dependent(x_TD, keep_TD, tuple(Ws),
+  masked = lambda x, keep, Ws: [jnp.where(kept_mask(x, keep), x, 0) @ W for W in Ws]
+  return lax.platform_dependent(x_TD, keep, tuple(Ws),
                                 cpu=on(INTERPRETED_PLAN, interpret=True), cuda=on("cuda"),
                                 rocm=on("rocm"), tpu=masked)
 

@@ -18,7 +18,7 @@ from typing import Sequence
 import jax
 
 from gsi_jax.ops.gate import Gate
-from gsi_jax.ops.sparse_rows import kept_product, magnitude_keep
+from gsi_jax.ops.sparse_rows import kept_product
 
 
 def subspace_residual(x_BTD: jax.Array, V_DK: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -33,6 +33,5 @@ def residual_sparse_linear(x_BTD: jax.Array, V_DK: jax.Array, Ms: Sequence[jax.A
   """Outputs per map and the kept mask (B, T, d) of the residual (a float in mode
   "soft": the hard mask forward, `soft_keep`'s gradient backward)."""
   g_BTK, r_BTD = subspace_residual(x_BTD, V_DK)
-  keep_BTD = magnitude_keep(r_BTD, threshold, gate)
-  sparse = kept_product(r_BTD, keep_BTD, Ws, gate)
+  sparse, keep_BTD = kept_product(r_BTD, threshold, Ws, gate)
   return [g_BTK @ M + y for M, y in zip(Ms, sparse)], keep_BTD

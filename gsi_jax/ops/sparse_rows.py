@@ -126,20 +126,21 @@ def by_impl(gate: Gate | None, kernel, xla):
   return lax.platform_dependent(cpu=xla, default=kernel)
 
 
-def kept_product(x_BTD: jax.Array, keep_BTD: jax.Array, Ws: Sequence[jax.Array],
-                 gate: Gate | None) -> list[jax.Array]:
-  """x·keep @ W for each W, with the mask from `magnitude_keep`.  Through the Pallas kernel
-  (`by_impl`) every map of the site is one call that reads only rows some token keeps, at
-  any batch; on XLA, at one token under gate.batch1_switch only the kept rows are read
-  (`kept_rows_matmul`), elsewhere the masked product.  A soft mask multiplies, so its
-  gradient flows."""
+def kept_product(x_BTD: jax.Array, threshold, Ws: Sequence[jax.Array],
+                 gate: Gate | None) -> tuple[list[jax.Array], jax.Array]:
+  """([x·keep @ W for each W], keep), keep = |x| ≥ threshold (`magnitude_keep`).  Through
+  the Pallas kernel (`by_impl`) every map of the site is one call that takes the threshold,
+  masks x itself and reads only rows some token keeps, at any batch; on XLA, at one token
+  under gate.batch1_switch only the kept rows are read (`kept_rows_matmul`), elsewhere the
+  masked product.  A soft mask multiplies, so its gradient flows."""
+  keep_BTD = magnitude_keep(x_BTD, threshold, gate)
   if keep_BTD.dtype != jnp.bool_:
     kept_BTD = x_BTD * keep_BTD.astype(x_BTD.dtype)
-    return [kept_BTD @ W for W in Ws]
+    return [kept_BTD @ W for W in Ws], keep_BTD
   lead, d = x_BTD.shape[:-1], x_BTD.shape[-1]
 
   def kernel():
-    ys = kept_kernel.kept_rows(x_BTD.reshape(-1, d), keep_BTD.reshape(-1, d), Ws)
+    ys = kept_kernel.kept_rows(x_BTD.reshape(-1, d), threshold, Ws)
     return [y.reshape(*lead, -1) for y in ys]
 
   def xla():
@@ -149,4 +150,4 @@ def kept_product(x_BTD: jax.Array, keep_BTD: jax.Array, Ws: Sequence[jax.Array],
     kept_BTD = jnp.where(keep_BTD, x_BTD, 0)
     return [kept_BTD @ W for W in Ws]
 
-  return by_impl(gate, kernel, xla)
+  return by_impl(gate, kernel, xla), keep_BTD
