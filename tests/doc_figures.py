@@ -6,17 +6,23 @@ A figure is marked by an HTML comment right after it (hidden when the Markdown r
 
 The comment names a JSON under results/, a field in it and how the figure is written.  The
 figure is the number just before the comment; up to three unit characters (×, %, …) may
-stand between them.  A line may name one record for all its figures (a table row):
-`<!--@ pareto.json records{method=gsi;knob=k=128} -->` anywhere on it (it holds until the next record or the paragraph's end), and then
-`0.81<!--= .measured_speedup .2f -->` reads that record's field, and
-`0.66<!--= pareto_best_dense.json .over_best_dense .2f -->` the same record in another JSON.  A field is dotted keys and list indices (`targets.0.wall_s`), a key with dots quoted
-(`median_cpu_s.'0.7.0'.jax`); a list
-of objects is also indexed by the values of its keys (`records{method=gsi;knob=k=128}`:
-exactly one must match).  A step ending in `*` takes every item instead (`records*`, or
-`records{mode=gated}*`, at least one; `{kept=0.25/0.5}` matches either value), and the format then starts with how the values are
-summarised: `min:`, `max:`, `n:` (how many) or `n>=0.85:` (how many are at least 0.85).  The
-format is Python's (`.2f`, `d`, `,d`), after an optional scale: `*100.1f` writes a share as a
-percentage, `/60.1f` seconds as minutes.
+stand between them.
+
+A record can be named once for the figures after it: `<!--@ pareto.json
+records{method=gsi;knob=k=128} -->` holds until the next record or the paragraph's end (a
+table row names its own).  Then `0.81<!--= .measured_speedup .2f -->` reads that record's
+field, and `0.66<!--= pareto_best_dense.json .over_best_dense .2f -->` the same record in
+another JSON.
+
+A field is dotted keys and list indices (`targets.0.wall_s`), a key with dots quoted
+(`median_cpu_s.'0.7.0'.jax`); a list of objects is also indexed by the values of its keys
+(`records{method=gsi;knob=k=128}`: exactly one must match; `{kept=0.25/0.5}` matches either
+value).  A step ending in `*` takes every matching item (`records*`, `records{mode=gated}*`:
+at least one), and the format then starts with how the values are summarised: `min:`,
+`max:`, `n:` (how many) or `n>=0.85:` (how many are at least 0.85).
+
+The format is Python's (`.2f`, `.1e`, `d`, `,d`), after an optional scale: `*100.1f` writes
+a share as a percentage, `/60.1f` seconds as minutes.
 """
 
 from __future__ import annotations

@@ -219,5 +219,6 @@ def test_every_link_and_section_number_names_a_section_of_results():
     text = _as_read(name)
     missing += [f"{name}: #{a}" for a in re.findall(r"RESULTS\.md#([^)\s]+)", text)
                 if a not in anchors]
-    missing += [f"{name}: §{n}" for n in re.findall(r"§(\d+(?:\.\d+)?)", text) if n not in numbers]
+    missing += [f"{name}: §{n}" for n in re.findall(r"§(\d+(?:\.\d+)?)", text)
+                if n not in numbers]
   assert not missing, missing

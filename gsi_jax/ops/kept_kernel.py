@@ -13,10 +13,10 @@ split reduction and a 2-D float32 accumulator summed once after the loop; one bl
 up to 64 tokens, so no row is read twice in a call.  Kept rows take x with a mask, or with
 the site's threshold (|x| ≥ t kept), which the kernel applies to x itself, so that no XLA
 select stands between x's producer and the call; they read the rows where some token's kept
-entry is non-zero (a kept entry that is exactly 0 adds nothing).  Each kernel is chosen by the platform its program is
-lowered for: Triton on cuda and rocm, the cuda plan in interpret mode on cpu, and the
-masked product in XLA on tpu (Mosaic has no masked loads, so a row cannot be skipped
-there).
+entry is non-zero (a kept entry that is exactly 0 adds nothing).  Each kernel is chosen by
+the platform its program is lowered for: Triton on cuda and rocm, the cuda plan in
+interpret mode on cpu, and the masked product in XLA on tpu (Mosaic has no masked loads,
+so a row cannot be skipped there).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, o
 
 def kept_mask(x_TD, keep) -> jax.Array:
   """keep as a (T, d) mask: itself (bool), or |x| ≥ keep where keep is one threshold (a
-  scalar, compared in float32 as `sparse_rows.magnitude_keep` does)."""
+  scalar, compared in float32, as `sparse_rows.magnitude_keep` compares a model's float32
+  thresholds)."""
   keep = jnp.asarray(keep)
   if keep.dtype == jnp.bool_:
     return keep
