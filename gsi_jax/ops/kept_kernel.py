@@ -170,14 +170,13 @@ def kept_rows_on(platform: str, x_TD, keep, Ws: Sequence[jax.Array], *,
   blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
   out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
   thresholded = jnp.asarray(keep).dtype != jnp.bool_
-  x_in = x_TD if thresholded else jnp.where(keep, x_TD, 0)
+  x_kept = jnp.where(kept_mask(x_TD, keep), x_TD, 0)
   t, t_spec = ([jnp.reshape(jnp.asarray(keep, jnp.float32), (1, 1))],
                [pl.BlockSpec((1, 1), lambda i, j, s: (0, 0))]) if thresholded else ([], [])
   # Several tokens: which rows any token needs, once, before the call (one token reads
   # them off x itself).
   rows, rows_spec = ([], []) if lay.block_t == 1 else (
-      [jnp.any(jnp.where(kept_mask(x_TD, keep), x_TD, 0) != 0, axis=0,
-               keepdims=True).astype(jnp.int32)],
+      [jnp.any(x_kept != 0, axis=0, keepdims=True).astype(jnp.int32)],
       [pl.BlockSpec((1, lay.d_chunk), lambda i, j, s: (0, s))])
   ys = pl.pallas_call(
       functools.partial(_kept_rows_kernel, lay=lay, thresholded=thresholded),
@@ -189,7 +188,7 @@ def kept_rows_on(platform: str, x_TD, keep, Ws: Sequence[jax.Array], *,
       out_specs=out_specs, interpret=interpret,
       compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
       name="gsi_kept_rows",
-  )(pad(x_in, (lay.padded_tokens, D)), *t, *rows, *Ws)
+  )(pad(x_TD if thresholded else x_kept, (lay.padded_tokens, D)), *t, *rows, *Ws)
   return summed(ys, lay, x_TD.dtype)
 
 
