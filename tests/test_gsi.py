@@ -110,10 +110,11 @@ def test_a_decode_decides_eps_once_per_model(tiny):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_g_from_transposed_bases_is_x_V(dtype):
   """On a GPU a decode reads V_kᵀ (k, d) (`project_over_rows`: one row reduction, where
-  V_k's (d, k) columns are a multiply and a column reduce); g, and with it ‖x‖² from the
-  same reduction, match x V_k and the sum of squares, at one token and at several."""
-  from gsi_jax.ops.gated_linear import (energy, project, project_over_rows,
-                                        project_with_energy, project_with_energy_over_rows)
+  V_k's (d, k) columns are a multiply and a column reduce; `project_rows`: one at any
+  number of tokens); g, and with it ‖x‖² from the same reduction, match x V_k and the sum
+  of squares, at one token and at several."""
+  from gsi_jax.ops.gate import project_rows
+  from gsi_jax.ops.gated_linear import energy, project, project_over_rows, project_with_energy
   rng = np.random.default_rng(1)
   V = jnp.asarray(np.linalg.qr(rng.normal(size=(96, 24)))[0], dtype)
   f32 = lambda a: np.asarray(a, np.float32)
@@ -124,7 +125,10 @@ def test_g_from_transposed_bases_is_x_V(dtype):
     got = project_over_rows(x, V.T)
     assert got.dtype == dtype and got.shape == shape[:-1] + (24,)
     np.testing.assert_allclose(f32(got), want, rtol=0, atol=tol * np.abs(want).max())
-    gx = project_with_energy_over_rows(x, V.T)  # g, then ‖x‖² as a last column
+    g = project_rows(x, V.T)
+    assert g.dtype == jnp.float32 and g.shape == shape[:-1] + (24,)
+    np.testing.assert_allclose(f32(g), want, rtol=0, atol=tol * np.abs(want).max())
+    gx = project_rows(x, V.T, with_energy=True)  # g, then ‖x‖² as a last column
     assert gx.dtype == jnp.float32 and gx.shape == shape[:-1] + (25,)
     np.testing.assert_allclose(f32(gx[..., :-1]), want, rtol=0, atol=tol * np.abs(want).max())
     np.testing.assert_allclose(f32(gx[..., -1]), np.sum(f32(x) ** 2, -1), rtol=1e-5)
@@ -138,10 +142,10 @@ def test_g_from_transposed_bases_is_x_V(dtype):
   np.testing.assert_array_equal(f32(gx[..., -1]), f32(energy(x)))
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 64, 100, 256, 1024])
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 64, 100, 255, 256, 1024])
 def test_a_fused_sum_is_the_sum(rows):
-  """`fused_sum` (column sums of 16 rows, then term by term, which XLA's GPU compiler
-  fuses into the consumer) is the sum over the leading axis, at every length."""
+  """`fused_sum` (adds of halves, which XLA's GPU compiler fuses into the consumer) is the
+  sum over the leading axis, at every length, odd ones included."""
   from gsi_jax.ops.fused_sum import fused_sum
   a = np.random.default_rng(rows).normal(size=(rows, 3, 7)).astype(np.float32)
   np.testing.assert_allclose(np.asarray(fused_sum(jnp.asarray(a))), a.sum(0), rtol=1e-5,

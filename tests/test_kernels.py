@@ -17,6 +17,7 @@ from gsi_jax.metrics import bytes as mbytes
 from gsi_jax.models import params as P
 from gsi_jax.ops import (GatedWeights, gate_mask, gated_linear, gated_matmul, gated_matmul_on,
                          gated_matmul_reference, tiling)
+from gsi_jax.ops.kernel import gated_matmul_from_basis_on, gated_matmul_from_basis_reference
 from gsi_jax.ops.kernel import TOLERANCE, relative_error  # by dtype, beside its PRECISION
 from tests.compile_flags import cheap_compile_flags
 from tests.test_experiments import assert_one_error_line
@@ -99,6 +100,29 @@ def test_interpreted_plans_match_reference(platform, shape, dtype):
     want = gated_matmul_reference(x, g, eps, Ms, Ws)
     check_labels(label, np.asarray(want[1]), shape[0])
     assert_same_call(run(eps), want, dtype)
+
+
+@pytest.mark.parametrize("platform", tiling.PLATFORMS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_g_made_in_the_call_matches_reference(platform, shape, dtype):
+  """A decode's call (`gated_matmul_from_basis`: x padded once, g and the gate from the
+  padded x) equals its reference at every gate: thresholds, then a decision per token
+  (as static and coin pass it) and thresholds per token, which are padded as x is."""
+  x, V, M, W = problem(*shape, dtype)
+  T = shape[0]
+  Ms, Ws = [M, M[:, :48]], [W, W[:, :48]]
+  run = jax.jit(lambda eps: gated_matmul_from_basis_on(platform, x, V.T, eps, Ms, Ws,
+                                                       interpret=True))
+  for label, eps in GATES.items():
+    want = gated_matmul_from_basis_reference(x, V.T, eps, Ms, Ws)
+    check_labels(label, np.asarray(want[1]), T)
+    assert_same_call(run(eps), want, dtype)
+  fast = jnp.asarray(np.arange(T) % 3 == 0)
+  for eps in (fast, jnp.where(fast, jnp.inf, 0.0)):
+    got = gated_matmul_from_basis_on(platform, x, V.T, eps, Ms, Ws, interpret=True)
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(fast))
+    assert_same_call(got, gated_matmul_from_basis_reference(x, V.T, eps, Ms, Ws), dtype)
 
 
 @pytest.mark.parametrize("platform", tiling.PLATFORMS)
@@ -356,6 +380,24 @@ def test_op_impls_agree(label):
     for a, b in zip(got, outs["xla", False]):
       tol = TOLERANCE[jnp.dtype(jnp.float32)]
       np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mode, eps", [("gated", 0.1), ("gated", float("inf")),
+                                       ("gated", 0.0), ("static", 0.0), ("coin", 0.5)])
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_a_decode_makes_g_in_the_kernels_call(mode, eps, tokens):
+  """With V_kᵀ laid out (a decode), the kernel path makes g and the gate inside its call
+  (`gated_matmul_from_basis`): the same outputs and mask as the XLA masked select over V,
+  at one token and at several, for the plain gate, static and coin."""
+  x, V, M, W = problem(tokens, 96, 24, 72, jnp.float32, seed=7)
+  plain = GatedWeights([W, 2 * W[:, :40]], V, [M, 2 * M[:, :40]])
+  decode = plain._replace(V_T=V.T)
+  xla, pallas = make_gate(eps, mode, impl="xla"), make_gate(eps, mode, impl="pallas")
+  ys, fast, _ = gated_linear(x[None], decode, pallas.eps, pallas)
+  ys_ref, fast_ref, _ = gated_linear(x[None], plain, xla.eps, xla)
+  np.testing.assert_array_equal(np.asarray(fast), np.asarray(fast_ref))
+  for y, y_ref in zip(ys, ys_ref):
+    assert_close(y, y_ref, jnp.float32)
 
 
 @pytest.mark.parametrize("kind", ["ladder", "sketch"])

@@ -1,10 +1,11 @@
 """A sum over an array's leading axis that XLA's GPU compiler fuses into what reads it.
 
-XLA emits a reduce as a kernel of its own; elementwise adds it fuses into their consumer.
-So up to TERMS rows are added one by one, and a longer axis is first cut by column sums of
-STEP rows (a column reduction of fewer than 32 rows, which XLA also computes elementwise).
-Read from the compiled thunks (`make gpu-launches`): a decode's split sums then fold into
-its residual add and norm, and a gate's ‖g‖² into its select.
+XLA emits a reduce as a kernel of its own, and a small one (a column sum of a few rows)
+too unless the sum is over one token's values; elementwise adds and slices it fuses into
+their consumer at any number of tokens.  So the rows are added in halves: the first half
+to the second, then again, log2(n) adds of slices.  Read from the compiled thunks (`make
+gpu-launches`): a decode's split sums then fold into its residual add and norm, and a
+gate's ‖g‖² into the select that makes the kernel's token states.
 """
 
 from __future__ import annotations
@@ -12,16 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-TERMS = 64  # rows added one by one: a decode call's most splits
-STEP = 16  # rows a column sum takes at once, under XLA's 32 for an elementwise one
-
 
 def fused_sum(a: jax.Array) -> jax.Array:
-  """Σ over axis 0 of `a`: column sums of STEP rows while more than TERMS remain (and STEP
-  divides them), then the rest term by term."""
-  while a.shape[0] > TERMS and a.shape[0] % STEP == 0:
-    a = jnp.sum(a.reshape((STEP, a.shape[0] // STEP) + a.shape[1:]), 0)
-  total = a[0]
-  for row in range(1, a.shape[0]):
-    total = total + a[row]
-  return total
+  """Σ over axis 0 of `a`, as adds of halves (an odd row left over rides along)."""
+  while a.shape[0] > 1:
+    half = a.shape[0] // 2
+    total = a[:half] + a[half:2 * half]
+    a = jnp.concatenate([total, a[2 * half:]]) if a.shape[0] % 2 else total
+  return a[0]

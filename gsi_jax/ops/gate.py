@@ -85,6 +85,17 @@ def energy(x_BTD: jax.Array) -> jax.Array:
   return jnp.sum(jnp.square(x_BTD.astype(jnp.float32)), -1)
 
 
+def project_rows(x_BTD: jax.Array, V_KD: jax.Array, with_energy: bool = False) -> jax.Array:
+  """g = x V_k in float32 from V_kᵀ (k, d), as products summed over d: a row reduction that
+  XLA's GPU compiler emits as one kernel at any number of tokens (a dot of several tokens
+  is a GEMM and its split-K sum, two).  with_energy: ‖x‖² from the same reduction, as a
+  (k+1)-th column (x itself as one more row of V_kᵀ)."""
+  x32 = x_BTD.astype(jnp.float32)[..., None, :]
+  V32 = V_KD.astype(jnp.float32).reshape((1,) * (x_BTD.ndim - 1) + V_KD.shape)
+  products = jnp.concatenate([V32 * x32, jnp.square(x32)], -2) if with_energy else V32 * x32
+  return jnp.sum(products, -1)
+
+
 def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(‖x‖², ‖r‖²) per token in float32, from x and g = V_kᵀ x."""
   xx = energy(x_BTD)
@@ -136,12 +147,15 @@ def output_gate_mask(x_BTD, g_BTK, C_DS, D_KS, eps) -> jax.Array:
 
 def coin_fast(x_BTD: jax.Array, p) -> jax.Array:
   """Fast with probability p per token, whatever its residual: the gate's pattern at a
-  chosen rate with its decision left out, for timing.  Each token's coin is seeded by
-  its activation's bits, so every site and decode step flips its own."""
-  total_BT = jnp.sum(x_BTD.astype(jnp.float32), -1)
-  seeds = jax.lax.bitcast_convert_type(total_BT, jnp.uint32).reshape(-1)
-  flip = lambda seed: jax.random.uniform(jax.random.fold_in(jax.random.key(0), seed))
-  return jax.vmap(flip)(seeds).reshape(total_BT.shape) < p
+  chosen rate with its decision left out, for timing.  Each token's coin is its ‖x‖²'s
+  bits through murmur3's 32-bit finalizer, so every site and decode step flips its own,
+  with one reduction and elementwise integer steps that XLA fuses into what reads them
+  (a threefry key per token is dozens of kernels on a GPU)."""
+  h = jax.lax.bitcast_convert_type(energy(x_BTD), jnp.uint32)
+  for shift, multiplier in ((16, 0x85EBCA6B), (13, 0xC2B2AE35)):
+    h = (h ^ (h >> shift)) * jnp.uint32(multiplier)
+  h = h ^ (h >> 16)
+  return (h >> 8).astype(jnp.float32) * 2.0 ** -24 < p  # 24 uniform bits in [0, 1)
 
 
 def ladder_ranks(x_BTD, g_BTK, rungs_R, eps) -> tuple[jax.Array, jax.Array]:

@@ -16,8 +16,10 @@ paper's W V_k for y = W x).  `gate.impl` picks how the bytes are skipped:
   "pallas": `gsi_jax.ops.kernel.gated_matmul`, one call for every map of the
          site, which takes the gate's decision per token (made by XLA from x and
          g) and reads M's or W's tiles only for the tokens that need them
-         (compiled on cuda, rocm and tpu, interpreted on cpu); at ε ≤ 0 the same
-         lax.cond reads W alone;
+         (compiled on cuda, rocm and tpu, interpreted on cpu); in a decode, which
+         lays out V_kᵀ, the call makes g and the decision itself from x padded
+         once (`kernel.gated_matmul_from_basis`); at ε ≤ 0 the same lax.cond
+         reads W alone;
   "auto" (the default): "pallas" where the program is lowered for a GPU or TPU, "xla" on cpu
          (`lax.platform_dependent`: the choice follows the lowering platform,
          not the machine that traces).  The rank ladder and the output-aware
@@ -38,7 +40,7 @@ from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
 from gsi_jax.ops.fused_sum import fused_sum
 from gsi_jax.ops.gate import (Gate, coin_fast, energy, fires, gate_mask, ladder_ranks,
-                              output_gate_mask, soft_fast, straight_through)
+                              output_gate_mask, project_rows, soft_fast, straight_through)
 
 
 class GatedWeights(NamedTuple):
@@ -65,14 +67,6 @@ def project_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
   return lax.dot_general(x_BTD, V_KD, (((x_BTD.ndim - 1,), (1,)), ((), ())))
 
 
-def project_with_energy_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
-  """g and ‖x‖² from one row reduction over d: V_kᵀ's k rows times x, and x itself as a
-  (k+1)-th row.  (…, k + 1) float32: g in the first k columns, ‖x‖² in the last."""
-  x32 = x_BTD.astype(jnp.float32)[..., None, :]
-  V32 = V_KD.astype(jnp.float32).reshape((1,) * (x_BTD.ndim - 1) + V_KD.shape)
-  return jnp.sum(jnp.concatenate([V32 * x32, jnp.square(x32)], -2), -1)
-
-
 def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
   """g = x V_k: from V_T (`project_over_rows`) where a decode laid it out and the program
   is lowered for a GPU or TPU; cpu keeps V."""
@@ -85,20 +79,20 @@ def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
 
 def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
   """(…, k + 1) float32: g = x V_k in the first k columns and ‖x‖² in the last.  With V_T,
-  lowered for a GPU or TPU, one row reduction leaves them so
-  (`project_with_energy_over_rows`), and the kernel reads g's k columns of it as they are:
-  a slice would be a kernel of its own.  On cpu, `project` and `energy` side by side."""
+  lowered for a GPU or TPU, one row reduction leaves them so (`project_rows`), and a
+  reader takes g's k columns of it as they are: a slice would be a kernel of its own.  On
+  cpu, `project` and `energy` side by side."""
   def apart(x, V, V_KD):
     return jnp.concatenate([(x @ V).astype(jnp.float32), energy(x)[..., None]], -1)
   return lax.platform_dependent(
       x_BTD, weights.V, weights.V_T, cpu=apart,
-      default=lambda x, V, V_KD: project_with_energy_over_rows(x, V_KD))
+      default=lambda x, V, V_KD: project_rows(x, V_KD, with_energy=True))
 
 
 def plain_gate(x_BTD: jax.Array, weights: GatedWeights, eps):
-  """(g, ρ < ε per token): `gate_mask`'s decision.  In a decode (V_T) at one token, g holds
-  ‖x‖² as a last column, which the kernel does not read (`project_with_energy`: one
-  reduction gives both), and a program lowered for a GPU or TPU sums ‖g‖² in steps XLA
+  """(g, ρ < ε per token) on the xla path: `gate_mask`'s decision.  In a decode (V_T) at one
+  token, g holds ‖x‖² as a last column (`project_with_energy`: one reduction gives both),
+  which the caller drops, and a program lowered for a GPU or TPU sums ‖g‖² in steps XLA
   fuses into the select (`fused_sum`: a reduce over k would be a kernel); cpu keeps the
   reduce, so its numbers are `gate_mask`'s."""
   if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
@@ -133,6 +127,16 @@ def _pallas(x_BTD, g_BTK, eps, weights: GatedWeights):
   return [y.reshape(*lead, -1) for y in ys], fast_T.reshape(lead)
 
 
+def _pallas_from_basis(x_BTD, eps, weights: GatedWeights):
+  """`_pallas` with g made inside the call from V_kᵀ, on x padded to the kernel's tokens once
+  (`kernel.gated_matmul_from_basis`)."""
+  lead = x_BTD.shape[:-1]
+  ys, fast_T = kernel.gated_matmul_from_basis(
+      x_BTD.reshape(-1, x_BTD.shape[-1]), weights.V_T, eps, weights.M, weights.W,
+      w_transposed=weights.W_transposed)
+  return [y.reshape(*lead, -1) for y in ys], fast_T.reshape(lead)
+
+
 def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: Gate):
   """Outputs per map (in weights.W's order), the fast mask (B, T) and the V_k columns
   each token read (B, T): k, the ladder rung it stopped at, or 0 where the xla path
@@ -150,6 +154,8 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
           + (1 - w_BT1) * dense_matmul(x_BTD, W, weights.W_transposed)
           for W, M in zip(weights.W, weights.M)]
     return ys, w_BT1[..., 0], rank_BT
+  # A decode (V_T) whose gate needs no g from XLA has the kernel's call make g from V_kᵀ.
+  from_basis = weights.V_T is not None and weights.rungs is None and weights.sketch is None
   fast_BT = None  # the plain gate: decided by the path below
   if gate.mode == "static":
     fast_BT = jnp.ones(x_BTD.shape[:-1], bool)
@@ -178,19 +184,20 @@ def gated_linear(x_BTD: jax.Array, weights: GatedWeights, eps: jax.Array, gate: 
     return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   def pallas():
-    if fast_BT is None:
-      def gated():  # g inside the branch, as on the xla path
-        if math.prod(x_BTD.shape[:-1]) != 1:  # the kernel's wrapper decides each token
-          ys, fast = _pallas(x_BTD, project(x_BTD, weights), eps, weights)
-          return ys, fast, rank_BT
-        g, fast = plain_gate(x_BTD, weights, eps)  # the kernel reads g's first k columns
-        ys, _ = _pallas(x_BTD, g, fast.reshape(-1), weights)
-        return ys, fast, rank_BT
-      return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
-    # decided above (static, coin, ladder, sketch): the decision goes to the kernel as it
-    # is, so no norm or select is computed again (static's is a constant)
-    ys, _ = _pallas(x_BTD, g_BTK, fast_BT.reshape(-1), weights)
-    return ys, fast_BT, rank_BT
+    if fast_BT is not None and not from_basis:
+      # decided in XLA from g (ladder, sketch): the decision goes to the kernel as it is,
+      # so no norm or select is computed again
+      ys, _ = _pallas(x_BTD, g_BTK, fast_BT.reshape(-1), weights)
+      return ys, fast_BT, rank_BT
+    if fast_BT is not None:  # static (a constant) or coin, in a decode
+      ys, _ = _pallas_from_basis(x_BTD, fast_BT.reshape(-1), weights)
+      return ys, fast_BT, rank_BT
+
+    def gated():  # g inside the branch, as on the xla path
+      if from_basis:
+        return (*_pallas_from_basis(x_BTD, eps, weights), rank_BT)
+      return (*_pallas(x_BTD, project(x_BTD, weights), eps, weights), rank_BT)
+    return gated() if gate.eps_positive else lax.cond(jnp.all(eps > 0), gated, never_fast)
 
   if gate.impl == "pallas":
     return pallas()

@@ -5,7 +5,9 @@
 
 for every map i of a site (q, k and v; gate and up), which share x and g.  g = x V_k
 and the gate are computed before the kernel, once per token, by XLA beside the
-product (`gsi_jax.ops.gated_linear`); the kernel reads one decision per token
+product: from x padded to the kernel's tokens once, where a decode passes V_kᵀ
+(`gated_matmul_from_basis`), or by the caller (`gated_matmul`, given g, as
+`gsi_jax.ops.gated_linear` does outside a decode); the kernel reads one decision per token
 (FAST, SLOW or PADDING) and never walks x or g for it.  A program owns block_t
 tokens × block_o outputs of one map × one split of the reduction, loops over its
 split in tiles (block_k rows of M, block_d rows of W), and reads M's tiles only
@@ -31,7 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
-from gsi_jax.ops.gate import gate_mask
+from gsi_jax.ops.fused_sum import fused_sum
+from gsi_jax.ops.gate import fires, gate_mask, project_rows
 from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, outputs, pad,
                                      store, summed)
 
@@ -85,11 +88,13 @@ def gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = Fals
   return ys, fast_T
 
 
-def token_states(fast_T, padded_tokens: int) -> jax.Array:
-  """(padded_tokens, 1) int32: FAST or SLOW per token, PADDING past the call's tokens."""
-  state = jnp.where(fast_T, FAST, SLOW).astype(jnp.int32)
-  return jnp.pad(state, (0, padded_tokens - state.shape[0]),
-                 constant_values=PADDING)[:, None]
+def token_states(fast_T, tokens: int, padded_tokens: int) -> jax.Array:
+  """(padded_tokens, 1) int32: FAST or SLOW for the call's first `tokens` tokens, PADDING
+  past them (fast_T may hold the padded rows already: a decision made on padded x)."""
+  fast_P = jnp.pad(fast_T, (0, padded_tokens - fast_T.shape[0]))
+  row_P = lax.broadcasted_iota(jnp.int32, (padded_tokens,), 0)
+  state = jnp.where(row_P < tokens, jnp.where(fast_P, FAST, SLOW), PADDING)
+  return state.astype(jnp.int32)[:, None]
 
 
 def split_product(a_ref, b_ref, *, steps: int, block: int, rows_ok, lay: tiling.CallLayout,
@@ -170,6 +175,50 @@ def _kernel(state_ref, x_ref, g_ref, *refs, lay: tiling.CallLayout, w_transposed
     pl.when((j >= start) & (j < start + lay.map_blocks[m]))(functools.partial(one_map, m))
 
 
+def _site_layout(platform: str, T: int, D: int, K: int, Ms, Ws, w_transposed: bool,
+                 plan: tiling.TilePlan | None) -> tiling.CallLayout:
+  """`platform`'s plan (or `plan`) fitted to a call of T tokens, after checking each M
+  serves its map at rank K."""
+  outs = tuple(W.shape[0] if w_transposed else W.shape[1] for W in Ws)
+  for M, out in zip(Ms, outs):
+    if M.shape[0] != K or M.shape[1] < out:
+      raise ValueError(f"M of shape {M.shape} does not serve a map of {out} outputs at "
+                       f"rank {K}")
+  plan = plan or tiling.plan_for(platform, T)
+  return tiling.layout(plan, T, D, K, outs, tuple(M.shape[1] for M in Ms),
+                       jnp.dtype(Ws[0].dtype).itemsize)
+
+
+def _launch(platform: str, lay: tiling.CallLayout, states, x, g, Ms, Ws, dtype, *,
+            w_transposed: bool, interpret: bool) -> list[jax.Array]:
+  """The pallas_call on padded x and g, the token states made: [y_i (T, O_i)] in dtype."""
+  Kp, Dp = lay.padded_k, lay.padded_d
+  Ms = [pad(M, (Kp, max(o, M.shape[1]))) for M, o in zip(Ms, lay.padded_outs)]
+  Ws = [pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
+  bt, bo = lay.block_t, lay.block_o
+  blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
+  if w_transposed:
+    w_specs = [pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s, b=b: (b(j), s)) for b in blocks]
+  else:
+    w_specs = [pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
+  m_specs = [pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
+  out_shapes, out_specs = outputs(lay, dtype, blocks)
+  ys = pl.pallas_call(
+      functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
+      out_shape=out_shapes,
+      grid=lay.grid,
+      in_specs=[pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0)),
+                pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
+                pl.BlockSpec((bt, lay.k_chunk), lambda i, j, s: (i, s)),
+                *m_specs, *w_specs],
+      out_specs=out_specs,
+      interpret=interpret,
+      compiler_params=None if interpret else tiling.compiler_params(platform, lay.plan),
+      name="gsi_gated_matmul",
+  )(states, x, g, *Ms, *Ws)
+  return summed(ys, lay, dtype)
+
+
 def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False,
                     plan: tiling.TilePlan | None = None, interpret: bool = False):
   """The kernel with `platform`'s tile plan (or `plan`), compiled for it or interpreted.
@@ -181,43 +230,66 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
   its last, `gated_linear.project_with_energy`); with a threshold it must have k.
   """
   T, D = x_TD.shape
-  K = Ms[0].shape[0]
-  outs = tuple(W.shape[0] if w_transposed else W.shape[1] for W in Ws)
-  m_cols = tuple(M.shape[1] for M in Ms)
-  for M, out in zip(Ms, outs):
-    if M.shape[0] != K or M.shape[1] < out:
-      raise ValueError(f"M of shape {M.shape} does not serve a map of {out} outputs at "
-                       f"rank {K}")
-  plan = plan or tiling.plan_for(platform, T)
-  lay = tiling.layout(plan, T, D, K, outs, m_cols, jnp.dtype(Ws[0].dtype).itemsize)
-  Tp, Dp, Kp = lay.padded_tokens, lay.padded_d, lay.padded_k
+  lay = _site_layout(platform, T, D, Ms[0].shape[0], Ms, Ws, w_transposed, plan)
+  Tp = lay.padded_tokens
   fast_T = decide(x_TD, g_TK, eps)
+  x, g = pad(x_TD, (Tp, lay.padded_d)), pad(g_TK, (Tp, lay.padded_k))
+  ys = _launch(platform, lay, token_states(fast_T, T, Tp), x, g, Ms, Ws, x_TD.dtype,
+               w_transposed=w_transposed, interpret=interpret)
+  return ys, fast_T
+
+
+def decide_on_padded(x_PD, V_KD, eps, *, fused: bool) -> tuple[jax.Array, jax.Array]:
+  """(g, fast) for x already padded to the call's tokens (P rows), g from V_kᵀ in one row
+  reduction (`project_rows`).  A decision given (bool) is taken as it is, and g is k
+  columns; a threshold is read against ‖x‖², which rides in g's (k+1)-th column, and ‖g‖²,
+  summed in steps XLA fuses into the select where `fused` (`fused_sum`: a reduce over k
+  would be a kernel of its own)."""
+  P = x_PD.shape[0]
+  eps = jnp.asarray(eps)
+  if eps.ndim:  # one per token: padded as x is (a padded token is neither fast nor slow)
+    eps = pad(eps, (P,))
+  if eps.dtype == jnp.bool_:
+    return project_rows(x_PD, V_KD), jnp.broadcast_to(eps, (P,))
+  gx = project_rows(x_PD, V_KD, with_energy=True)
+  squares = jnp.square(gx[:, :-1])
+  gg = fused_sum(squares.T) if fused else jnp.sum(squares, -1)
+  return gx, fires(gx[:, -1] - gg, gx[:, -1], eps.astype(jnp.float32))
+
+
+def gated_matmul_from_basis_on(platform: str, x_TD, V_KD, eps, Ms, Ws, *,
+                               w_transposed: bool = False, plan: tiling.TilePlan | None = None,
+                               interpret: bool = False):
+  """`gated_matmul_on` with g = x V_k made inside the call from V_kᵀ (k, d): x is padded to
+  the plan's tokens once, and g (and the gate, `decide_on_padded`) computed from the padded
+  x, so neither x nor g is padded apart from what g's reduction reads.  Same returns."""
+  T, D = x_TD.shape
+  K = V_KD.shape[0]
+  lay = _site_layout(platform, T, D, K, Ms, Ws, w_transposed, plan)
+  Tp, Dp = lay.padded_tokens, lay.padded_d
   x = pad(x_TD, (Tp, Dp))
-  g = pad(g_TK, (Tp, Kp))
-  Ms = [pad(M, (Kp, max(o, m))) for M, o, m in zip(Ms, lay.padded_outs, m_cols)]
-  Ws = [pad(W, (o, Dp) if w_transposed else (Dp, o)) for W, o in zip(Ws, lay.padded_outs)]
-  bt, bo = lay.block_t, lay.block_o
-  blocks = [map_block(start, n, len(Ws) > 1) for start, n in zip(lay.map_starts, lay.map_blocks)]
-  if w_transposed:
-    w_specs = [pl.BlockSpec((bo, lay.d_chunk), lambda i, j, s, b=b: (b(j), s)) for b in blocks]
-  else:
-    w_specs = [pl.BlockSpec((lay.d_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
-  m_specs = [pl.BlockSpec((lay.k_chunk, bo), lambda i, j, s, b=b: (s, b(j))) for b in blocks]
-  out_shapes, out_specs = outputs(lay, x_TD.dtype, blocks)
-  ys = pl.pallas_call(
-      functools.partial(_kernel, lay=lay, w_transposed=w_transposed),
-      out_shape=out_shapes,
-      grid=lay.grid,
-      in_specs=[pl.BlockSpec((bt, 1), lambda i, j, s: (i, 0)),
-                pl.BlockSpec((bt, lay.d_chunk), lambda i, j, s: (i, s)),
-                pl.BlockSpec((bt, lay.k_chunk), lambda i, j, s: (i, s)),
-                *m_specs, *w_specs],
-      out_specs=out_specs,
-      interpret=interpret,
-      compiler_params=None if interpret else tiling.compiler_params(platform, plan),
-      name="gsi_gated_matmul",
-  )(token_states(fast_T, Tp), x, g, *Ms, *Ws)
-  return summed(ys, lay, x_TD.dtype), fast_T
+  g, fast_P = decide_on_padded(x, pad(V_KD, (K, Dp)), eps, fused=not interpret)
+  if lay.plan.pad_inputs:  # whole k blocks, and no ‖x‖² column among them
+    g = pad(g[:, :K], (Tp, lay.padded_k))
+  ys = _launch(platform, lay, token_states(fast_P, T, Tp), x, g, Ms, Ws, x_TD.dtype,
+               w_transposed=w_transposed, interpret=interpret)
+  return ys, fast_P[:T]
+
+
+def gated_matmul_from_basis_reference(x_TD, V_KD, eps, Ms, Ws, *, w_transposed: bool = False):
+  """Pure JAX, same signature: g = x V_k in float32 at IEEE precision, then
+  `gated_matmul_reference`."""
+  g_TK = jnp.dot(x_TD.astype(jnp.float32), V_KD.astype(jnp.float32).T, precision=PRECISION)
+  return gated_matmul_reference(x_TD, g_TK, eps, Ms, Ws, w_transposed=w_transposed)
+
+
+def _on_the_lowering_platform(call, args, w_transposed: bool):
+  """`call` (a `*_on` function) for the platform the program is lowered for."""
+  on = lambda platform, interpret=False: lambda *a: call(
+      platform, *a, w_transposed=w_transposed, interpret=interpret)
+  return lax.platform_dependent(
+      *args, cpu=on(INTERPRETED_PLAN, interpret=True), cuda=on("cuda"), rocm=on("rocm"),
+      tpu=on("tpu"))
 
 
 @functools.partial(jax.jit, static_argnames=("w_transposed",))
@@ -229,9 +301,13 @@ def gated_matmul(x_TD, g_TK, eps, Ms, Ws, *, w_transposed: bool = False):
   The kernel is chosen where the program is lowered: compiled Triton on cuda and
   rocm, Mosaic on tpu, the cuda plan in interpret mode on cpu.
   """
-  args = (x_TD, g_TK, eps, tuple(Ms), tuple(Ws))
-  on = lambda platform, interpret=False: lambda *a: gated_matmul_on(
-      platform, *a, w_transposed=w_transposed, interpret=interpret)
-  return lax.platform_dependent(
-      *args, cpu=on(INTERPRETED_PLAN, interpret=True), cuda=on("cuda"), rocm=on("rocm"),
-      tpu=on("tpu"))
+  return _on_the_lowering_platform(gated_matmul_on, (x_TD, g_TK, eps, tuple(Ms), tuple(Ws)),
+                                   w_transposed)
+
+
+@functools.partial(jax.jit, static_argnames=("w_transposed",))
+def gated_matmul_from_basis(x_TD, V_KD, eps, Ms, Ws, *, w_transposed: bool = False):
+  """`gated_matmul` taking V_kᵀ (k, d) instead of g: what a decode calls, g and the gate
+  made on x padded once (`gated_matmul_from_basis_on`)."""
+  return _on_the_lowering_platform(gated_matmul_from_basis_on,
+                                   (x_TD, V_KD, eps, tuple(Ms), tuple(Ws)), w_transposed)
