@@ -10,9 +10,9 @@ Each program is compiled at --layers blocks (28, GPT-J-6B's depth: XLA fuses the
 copies differently along the stack, so a count at a smaller depth does not scale to it).
 Each record: kernels a token (always run, and with the larger branch of every conditional),
 conditionals, command buffers, kernels by kind, the ratio to dense at the same batch,
-compile seconds.  `check` holds each program's counts at --check_layers blocks and one
-sequence, which tests/test_gpu_launches.py compiles again: a change to the code that moves
-a count fails it until this JSON is written anew.  `fit` holds each program's counts and
+compile seconds.  `check` holds each program's counts at --check_layers blocks and at 1 and
+4 sequences (CHECK_BATCHES), which tests/test_gpu_launches.py compiles again: a change to
+the code that moves a count fails it until this JSON is written anew.  `fit` holds each program's counts and
 compile seconds at --fit_layers blocks and one sequence: the depth gpu_check.sh decodes at,
 whose times gpu_summary.py fits a kernel's cost to.  `launch_floor`: the launch floor's
 programs (`benchmarking.chained_calls`, which gpu_kernel.py times on a GPU), each one command
@@ -36,7 +36,9 @@ from gsi_jax.models import ModelConfig
 
 _LAYERS = flags.DEFINE_integer("layers", 28, "Blocks compiled (28: GPT-J-6B's depth).")
 _CHECK_LAYERS = flags.DEFINE_integer("check_layers", 2, "Blocks of the small programs a test "
-                                     "compiles again (one sequence; 0: none).")
+                                     "compiles again (at CHECK_BATCHES; 0: none).")
+# The sequences of the small programs: one, and several (the kernel's padded token block).
+CHECK_BATCHES = (1, 4)
 _FIT_LAYERS = flags.DEFINE_integer("fit_layers", 4, "Blocks of the decode programs "
                                    "benchmarks/gpu_check.sh times (0: none counted).")
 _BATCH = flags.DEFINE_list("batch", ["1", "4", "16"], "Sequences decoded at once.")
@@ -93,7 +95,7 @@ def main(argv):
         "what": "compiled on a CPU for an H200 by XLA's GPU pipeline, not run",
         "shape": "gptj-6b", "dtype": "bfloat16", "layers": c.layers,
         "plugin": list(launches.PLUGIN), "launch_floor": floor, "records": records,
-        "check": {"layers": c.check_layers, "batch": 1, "records": check},
+        "check": {"layers": c.check_layers, "batches": list(CHECK_BATCHES), "records": check},
         "fit": {"layers": c.fit_layers, "batch": 1, "records": fit}},
         partial=not complete)
 
@@ -118,10 +120,10 @@ def main(argv):
                    rec["kernels"], rec["kernels_with_larger_branches"],
                    rec["kernels_with_larger_branches_over_dense"], rec["conditionals"], seconds)
       write(complete=False)
-  if c.check_layers:
+  for batch in CHECK_BATCHES if c.check_layers else ():
     for name in c.programs:
-      counted, _ = count(name, 1, c.check_layers)
-      check.append({"program": name, **counted})
+      counted, _ = count(name, batch, c.check_layers)
+      check.append({"program": name, "batch": batch, **counted})
       write(complete=False)
   for name in c.programs if c.fit_layers else ():  # what gpu_summary fits a kernel's cost by
     counted, seconds = count(name, 1, c.fit_layers)
