@@ -79,9 +79,8 @@ def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
 
 def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
   """(…, k + 1) float32: g = x V_k in the first k columns and ‖x‖² in the last.  With V_T,
-  lowered for a GPU or TPU, one row reduction leaves them so (`project_rows`), and a
-  reader takes g's k columns of it as they are: a slice would be a kernel of its own.  On
-  cpu, `project` and `energy` side by side."""
+  lowered for a GPU or TPU, one row reduction leaves them so (`project_rows`); on cpu,
+  `project` and `energy` side by side."""
   def apart(x, V, V_KD):
     return jnp.concatenate([(x @ V).astype(jnp.float32), energy(x)[..., None]], -1)
   return lax.platform_dependent(
