@@ -12,12 +12,12 @@ Each record: kernels a token (always run, and with the larger branch of every co
 conditionals, command buffers, kernels by kind, the ratio to dense at the same batch,
 compile seconds.  `check` holds each program's counts at --check_layers blocks and at 1 and
 4 sequences (CHECK_BATCHES), which tests/test_gpu_launches.py compiles again: a change to
-the code that moves a count fails it until this JSON is written anew.  `fit` holds each program's counts and
-compile seconds at --fit_layers blocks and one sequence: the depth gpu_check.sh decodes at,
-whose times gpu_summary.py fits a kernel's cost to.  `launch_floor`: the launch floor's
-programs (`benchmarking.chained_calls`, which gpu_kernel.py times on a GPU), each one command
-buffer holding all its calls.  The JSON is rewritten after each program, "complete": false
-until the last.
+the code that moves a count fails it until this JSON is written anew.  `fit` holds each
+program's counts and compile seconds at --fit_layers blocks and one sequence: the depth
+gpu_check.sh decodes at, whose times gpu_summary.py fits a kernel's cost to.
+`launch_floor`: the launch floor's programs (`benchmarking.chained_calls`, which
+gpu_kernel.py times on a GPU), each one command buffer holding all its calls.  The JSON is
+rewritten after each program, "complete": false until the last.
 """
 
 import dataclasses
