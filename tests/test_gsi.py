@@ -109,12 +109,12 @@ def test_a_decode_decides_eps_once_per_model(tiny):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_g_from_transposed_bases_is_x_V(dtype):
-  """On a GPU a decode reads V_kᵀ (k, d) (`project_over_rows`: one row reduction, where
-  V_k's (d, k) columns are a multiply and a column reduce; `project_rows`: one at any
-  number of tokens); g, and with it ‖x‖² from the same reduction, match x V_k and the sum
-  of squares, at one token and at several."""
-  from gsi_jax.ops.gate import project_rows
-  from gsi_jax.ops.gated_linear import energy, project, project_over_rows, project_with_energy
+  """On a GPU a decode reads V_kᵀ (k, d) (`project_rows`: one row reduction at any number of
+  tokens, where V_k's (d, k) columns are a multiply and a column reduce); g, and with it
+  ‖x‖² from the same reduction, match x V_k and the sum of squares, at one token and at
+  several; the gate read from them (`energy_gate`, fused or not) is `gate_mask`'s."""
+  from gsi_jax.ops.gate import energy_gate, gate_mask, project_rows
+  from gsi_jax.ops.gated_linear import energy, project, project_with_energy
   rng = np.random.default_rng(1)
   V = jnp.asarray(np.linalg.qr(rng.normal(size=(96, 24)))[0], dtype)
   f32 = lambda a: np.asarray(a, np.float32)
@@ -122,9 +122,6 @@ def test_g_from_transposed_bases_is_x_V(dtype):
   for shape in ((1, 1, 96), (3, 5, 96)):
     x = jnp.asarray(rng.normal(size=shape), dtype)
     want = f32(x) @ f32(V)
-    got = project_over_rows(x, V.T)
-    assert got.dtype == dtype and got.shape == shape[:-1] + (24,)
-    np.testing.assert_allclose(f32(got), want, rtol=0, atol=tol * np.abs(want).max())
     g = project_rows(x, V.T)
     assert g.dtype == jnp.float32 and g.shape == shape[:-1] + (24,)
     np.testing.assert_allclose(f32(g), want, rtol=0, atol=tol * np.abs(want).max())
@@ -132,6 +129,12 @@ def test_g_from_transposed_bases_is_x_V(dtype):
     assert gx.dtype == jnp.float32 and gx.shape == shape[:-1] + (25,)
     np.testing.assert_allclose(f32(gx[..., :-1]), want, rtol=0, atol=tol * np.abs(want).max())
     np.testing.assert_allclose(f32(gx[..., -1]), np.sum(f32(x) ** 2, -1), rtol=1e-5)
+    rho2 = np.sort((1 - np.sum(f32(g) ** 2, -1) / np.sum(f32(x) ** 2, -1)).ravel())
+    # ε² halfway between two tokens' ρ² (above the one token's): no token sits on the edge
+    eps = float(np.sqrt(2 * rho2[0] if rho2.size == 1 else rho2[rho2.size // 2 - 1:][:2].mean()))
+    for fused in (True, False):
+      np.testing.assert_array_equal(np.asarray(energy_gate(gx, eps, fused=fused)),
+                                    np.asarray(gate_mask(x, g, eps)))
   # Where the program is lowered for cpu, V itself is read, and V_T changes nothing.
   x = jnp.asarray(rng.normal(size=(1, 1, 96)), dtype)
   with_t = GatedWeights([jnp.ones((96, 4), dtype)], V, [V.T @ jnp.ones((96, 4), dtype)],

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from gsi_jax.errors import GSIError
+from gsi_jax.ops.fused_sum import fused_sum
 
 MODES = ("gated", "static", "dense", "soft", "coin")
 # Widths of the smooth gates, in units of ρ² (GSI) and of the threshold (sparsity).
@@ -94,6 +95,15 @@ def project_rows(x_BTD: jax.Array, V_KD: jax.Array, with_energy: bool = False) -
   V32 = V_KD.astype(jnp.float32).reshape((1,) * (x_BTD.ndim - 1) + V_KD.shape)
   products = jnp.concatenate([V32 * x32, jnp.square(x32)], -2) if with_energy else V32 * x32
   return jnp.sum(products, -1)
+
+
+def energy_gate(gx, eps, *, fused: bool) -> jax.Array:
+  """ρ < ε per token (`fires`) from g with ‖x‖² as its last column (`project_rows`
+  with_energy).  fused: ‖g‖² is added by halves, which XLA's GPU compiler fuses into the
+  select (`fused_sum`: a reduce over k would be a kernel of its own); else a reduce."""
+  squares = jnp.square(gx[..., :-1].astype(jnp.float32))
+  gg = fused_sum(jnp.moveaxis(squares, -1, 0)) if fused else jnp.sum(squares, -1)
+  return fires(gx[..., -1] - gg, gx[..., -1], eps)
 
 
 def residual_energy(x_BTD: jax.Array, g_BTK: jax.Array) -> tuple[jax.Array, jax.Array]:

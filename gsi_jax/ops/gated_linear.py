@@ -38,8 +38,7 @@ from jax import lax
 
 from gsi_jax.errors import GSIError
 from gsi_jax.ops import kernel
-from gsi_jax.ops.fused_sum import fused_sum
-from gsi_jax.ops.gate import (Gate, coin_fast, energy, fires, gate_mask, ladder_ranks,
+from gsi_jax.ops.gate import (Gate, coin_fast, energy, energy_gate, gate_mask, ladder_ranks,
                               output_gate_mask, project_rows, soft_fast, straight_through)
 
 
@@ -60,21 +59,15 @@ class GatedWeights(NamedTuple):
   V_T: jax.Array | None = None
 
 
-def project_over_rows(x_BTD: jax.Array, V_KD: jax.Array) -> jax.Array:
-  """g = x V_k read from V_kᵀ (k, d): a row reduction over d, which XLA's GPU compiler
-  emits as one kernel, where over V_k's own (d, k) columns it strength-reduces the
-  one-token product into a multiply writing x·V_k and a column reduce: two."""
-  return lax.dot_general(x_BTD, V_KD, (((x_BTD.ndim - 1,), (1,)), ((), ())))
-
-
 def project(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
-  """g = x V_k: from V_T (`project_over_rows`) where a decode laid it out and the program
-  is lowered for a GPU or TPU; cpu keeps V."""
+  """g = x V_k in x's dtype: from V_T (`project_rows`: one row reduction, where over V_k's
+  own (d, k) columns XLA's GPU compiler makes a multiply writing x·V_k and a column reduce)
+  where a decode laid it out and the program is lowered for a GPU or TPU; cpu keeps V."""
   if weights.V_T is None:
     return x_BTD @ weights.V
-  return lax.platform_dependent(x_BTD, weights.V, weights.V_T,
-                                cpu=lambda x, V, V_KD: x @ V,
-                                default=lambda x, V, V_KD: project_over_rows(x, V_KD))
+  return lax.platform_dependent(
+      x_BTD, weights.V, weights.V_T, cpu=lambda x, V, V_KD: x @ V,
+      default=lambda x, V, V_KD: project_rows(x, V_KD).astype(x.dtype))
 
 
 def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
@@ -91,17 +84,15 @@ def project_with_energy(x_BTD: jax.Array, weights: GatedWeights) -> jax.Array:
 def plain_gate(x_BTD: jax.Array, weights: GatedWeights, eps):
   """(g, ρ < ε per token) on the xla path: `gate_mask`'s decision.  In a decode (V_T) at one
   token, g holds ‖x‖² as a last column (`project_with_energy`: one reduction gives both),
-  which the caller drops, and a program lowered for a GPU or TPU sums ‖g‖² in steps XLA
-  fuses into the select (`fused_sum`: a reduce over k would be a kernel); cpu keeps the
-  reduce, so its numbers are `gate_mask`'s."""
+  which the caller drops, and the gate is read from it (`energy_gate`): ‖g‖² in steps XLA
+  fuses into the select where the program is lowered for a GPU or TPU, a reduce on cpu, so
+  its numbers are `gate_mask`'s."""
   if weights.V_T is None or math.prod(x_BTD.shape[:-1]) != 1:
     g_BTK = project(x_BTD, weights)
     return g_BTK, gate_mask(x_BTD, g_BTK, eps)
   gx = project_with_energy(x_BTD, weights)
-  xx = gx[..., -1]
-  gg = lax.platform_dependent(jnp.square(gx[..., :-1]), cpu=lambda sq: jnp.sum(sq, -1),
-                              default=lambda sq: fused_sum(jnp.moveaxis(sq, -1, 0)))
-  return gx, fires(xx - gg, xx, eps)
+  return gx, lax.platform_dependent(gx, cpu=lambda gx: energy_gate(gx, eps, fused=False),
+                                    default=lambda gx: energy_gate(gx, eps, fused=True))
 
 
 def dense_matmul(x_BTD: jax.Array, W: jax.Array, W_transposed: bool = False) -> jax.Array:

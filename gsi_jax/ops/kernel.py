@@ -33,8 +33,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from gsi_jax.ops import tiling
-from gsi_jax.ops.fused_sum import fused_sum
-from gsi_jax.ops.gate import fires, gate_mask, project_rows
+from gsi_jax.ops.gate import energy_gate, gate_mask, project_rows
 from gsi_jax.ops.pallas_refs import (cache_hints, iota, load, map_block, mask, outputs, pad,
                                      store, summed)
 
@@ -242,9 +241,8 @@ def gated_matmul_on(platform: str, x_TD, g_TK, eps, Ms, Ws, *, w_transposed: boo
 def decide_on_padded(x_PD, V_KD, eps, *, fused: bool) -> tuple[jax.Array, jax.Array]:
   """(g, fast) for x already padded to the call's tokens (P rows), g from V_kᵀ in one row
   reduction (`project_rows`).  A decision given (bool) is taken as it is, and g is k
-  columns; a threshold is read against ‖x‖², which rides in g's (k+1)-th column, and ‖g‖²,
-  summed in steps XLA fuses into the select where `fused` (`fused_sum`: a reduce over k
-  would be a kernel of its own)."""
+  columns; a threshold is read against ‖x‖², which rides in g's (k+1)-th column
+  (`energy_gate`, fused where the call is compiled)."""
   P = x_PD.shape[0]
   eps = jnp.asarray(eps)
   if eps.ndim:  # one per token: padded as x is (a padded token is neither fast nor slow)
@@ -252,9 +250,7 @@ def decide_on_padded(x_PD, V_KD, eps, *, fused: bool) -> tuple[jax.Array, jax.Ar
   if eps.dtype == jnp.bool_:
     return project_rows(x_PD, V_KD), jnp.broadcast_to(eps, (P,))
   gx = project_rows(x_PD, V_KD, with_energy=True)
-  squares = jnp.square(gx[:, :-1])
-  gg = fused_sum(squares.T) if fused else jnp.sum(squares, -1)
-  return gx, fires(gx[:, -1] - gg, gx[:, -1], eps.astype(jnp.float32))
+  return gx, energy_gate(gx, eps.astype(jnp.float32), fused=fused)
 
 
 def gated_matmul_from_basis_on(platform: str, x_TD, V_KD, eps, Ms, Ws, *,
