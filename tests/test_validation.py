@@ -122,31 +122,79 @@ def test_harmless_extras_load(tiny_folder, tmp_path):
                                 reference.logits(reference.params, [[1, 2, 3]]))
 
 
-def test_safetensors_files_are_read_as_the_index_says(tiny_folder, tmp_path):
+def test_the_weight_files_are_those_transformers_reads(tiny_folder, tmp_path):
+  """model.safetensors, else its index, else pytorch_model.bin, else its index: the first
+  that exists is read, nothing else in the folder (a leftover or another format)."""
+  from safetensors import safe_open
   folder = _copy(tiny_folder, tmp_path, "gpt2")
   weights = folder / "model.safetensors"
-  # Two files holding the same tensors, no index: which one is meant is unknowable.
+  reference = gsi_jax.load_model(str(folder))
+  expect = reference.logits(reference.params, [[1, 2, 3]])
+  # A leftover shard, an index and a .bin beside model.safetensors: none is read.
   shard = folder / "model-00001-of-00001.safetensors"
+  shard.write_bytes(b"stale, never read")
+  (folder / "model.safetensors.index.json").write_text("{not json")
+  (folder / "pytorch_model.bin").write_bytes(b"never unpickled")
+  model = gsi_jax.load_model(str(folder))
+  np.testing.assert_array_equal(model.logits(model.params, [[1, 2, 3]]), expect)
+  # Without model.safetensors the index decides, and only its files are read.
   shard.write_bytes(weights.read_bytes())
-  with pytest.raises(GSIError, match="is stored in both model-00001-of-00001.safetensors and "
-                                     "model.safetensors; remove the stale file"):
-    gsi_jax.load_model(str(folder))
-  # With an index, only its files are read: the stale model.safetensors is left out.
-  from safetensors import safe_open
+  weights.unlink()
   with safe_open(str(shard), framework="numpy") as h:
     names = list(h.keys())
   index = folder / "model.safetensors.index.json"
   index.write_text(json.dumps({"metadata": {}, "weight_map": {n: shard.name for n in names}}))
-  weights.write_bytes(b"stale, never read")
-  gsi_jax.load_model(str(folder))
-  index.write_text(json.dumps({"weight_map": {names[0]: "model-00002-of-00002.safetensors"}}))
-  with pytest.raises(GSIError, match="names model-00002-of-00002.safetensors, which is missing"):
+  (folder / "model-00002-of-00002.safetensors").write_bytes(b"not in the index, never read")
+  model = gsi_jax.load_model(str(folder))
+  np.testing.assert_array_equal(model.logits(model.params, [[1, 2, 3]]), expect)
+  index.write_text(json.dumps({"weight_map": {names[0]: "model-00003-of-00003.safetensors"}}))
+  with pytest.raises(GSIError, match="names model-00003-of-00003.safetensors, which is missing"):
     gsi_jax.load_model(str(folder))
   index.write_text(json.dumps({"weight_map": {n: shard.name for n in names} | {"x.w": shard.name}}))
   with pytest.raises(GSIError, match="places x.w .* in a file that does not hold it"):
     gsi_jax.load_model(str(folder))
   index.write_text("{not json")
-  with pytest.raises(GSIError, match="is not a safetensors index"):
+  with pytest.raises(GSIError, match="is not a checkpoint index"):
+    gsi_jax.load_model(str(folder))
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd",
+                                  "sub/model.safetensors", "model.bin"])
+def test_an_index_never_reads_a_file_outside_the_model_folder(tiny_folder, tmp_path, name):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  (tmp_path / "outside.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+  (folder / "model.safetensors").unlink()
+  (folder / "model.safetensors.index.json").write_text(
+      json.dumps({"weight_map": {"wte.weight": name}}))
+  with pytest.raises(GSIError, match=r"is not a \.safetensors file in the model folder"):
+    gsi_jax.load_model(str(folder))
+
+
+def test_a_pytorch_index_reads_only_the_files_it_names(tiny_folder, tmp_path):
+  import torch
+  from safetensors.torch import load_file
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  reference = gsi_jax.load_model(str(folder))
+  state = load_file(str(folder / "model.safetensors"))
+  (folder / "model.safetensors").unlink()
+  keys = sorted(state)
+  halves = {"pytorch_model-00001-of-00002.bin": keys[:len(keys) // 2],
+            "pytorch_model-00002-of-00002.bin": keys[len(keys) // 2:]}
+  for file, part in halves.items():
+    torch.save({k: state[k] for k in part}, folder / file)
+  (folder / "pytorch_model-old.bin").write_bytes(b"a leftover, never unpickled")
+  (folder / "pytorch_model.bin.index.json").write_text(json.dumps(
+      {"weight_map": {k: file for file, part in halves.items() for k in part}}))
+  model = gsi_jax.load_model(str(folder))
+  np.testing.assert_array_equal(model.logits(model.params, [[1, 2, 3]]),
+                                reference.logits(reference.params, [[1, 2, 3]]))
+
+
+def test_a_folder_without_a_checkpoint_transformers_reads_is_refused(tiny_folder, tmp_path):
+  folder = _copy(tiny_folder, tmp_path, "gpt2")
+  (folder / "model.safetensors").rename(folder / "consolidated.safetensors")
+  with pytest.raises(GSIError, match=r"none of model.safetensors, .* \(it holds "
+                                     "consolidated.safetensors"):
     gsi_jax.load_model(str(folder))
 
 

@@ -29,6 +29,23 @@ IGNORED = {
     "finetuning_task", "keys_to_ignore_at_inference",
 }
 
+# Keys that a family's hub config.json carries, that transformers' config class does not
+# declare and its modeling code never reads (tests/test_hub_configs.py checks both).  Each
+# maps to the value that matches what transformers computes, or None where any value does:
+# a config that states another value describes a model transformers would not run as
+# stated, and is refused by name.
+TRANSFORMERS_IGNORES: dict[str, dict[str, Any]] = {
+    # Legacy OpenAI GPT keys in gpt2-medium/large/xl's configs.
+    "gpt2": {"n_special": 0, "predict_special_tokens": None},
+    # GPT-J always applies rotary embeddings and always scales attention by 1/sqrt(head_dim).
+    "gptj": {"rotary": True, "scale_attn_weights": True},
+    "opt": {},
+    # nanotron's export keys (SmolLM2): its RoPE is transformers' halves layout, never
+    # interleaved; transformers.js's own runtime settings.
+    "llama": {"is_llama_config": None, "rope_interleaved": False,
+              "transformers.js_config": None},
+}
+
 ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                "gelu_fast": "gelu_tanh", "gelu": "gelu", "relu": "relu", "silu": "silu",
                "swish": "silu"}
@@ -65,6 +82,13 @@ class _Reader:
     return ACTIVATIONS[act]
 
   def check_all_read(self):
+    for key, computed in TRANSFORMERS_IGNORES[self.family].items():
+      if key in self.raw:
+        self.seen.add(key)
+        if computed is not None and self.raw[key] != computed:
+          raise GSIError(f"{self.family} config: {key}={self.raw[key]!r} is not what "
+                         f"transformers computes ({key}={computed!r}: it ignores the key); "
+                         "refusing a model that would not run as its config states")
     unknown = sorted(set(self.raw) - self.seen - IGNORED)
     if unknown:
       raise GSIError(f"{self.family} config has attributes this loader does not know: "

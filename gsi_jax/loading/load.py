@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import glob
 import importlib.util
 import json
 import os
@@ -133,17 +132,19 @@ def load_gguf(path: str, dtype="float32", n_layers: int | None = None, mesh=None
                 dtype, path, tokenizer, path, _eos_ids(tokenizer, path), n_layers is None, mesh)
 
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
+# The weight files transformers' from_pretrained reads from a folder, in its order: the
+# first that exists is the checkpoint, and nothing else in the folder is read (a leftover of
+# an older download, another format beside it).  (format, file, whether it is an index)
+CHECKPOINT_FILES = (("safetensors", "model.safetensors", False),
+                    ("safetensors", "model.safetensors.index.json", True),
+                    ("torch", "pytorch_model.bin", False),
+                    ("torch", "pytorch_model.bin.index.json", True))
 
 
-def _safetensors_files(folder: str) -> tuple[list[str], dict[str, str] | None]:
-  """The weight files to read, and the index's tensor -> file map when the folder has one.
-
-  With an index, only the files it names are read (as transformers does), and each
-  must exist: a stale model.safetensors beside fresh shards is never mixed in."""
-  index_path = os.path.join(folder, SAFETENSORS_INDEX)
-  if not os.path.exists(index_path):
-    return sorted(glob.glob(os.path.join(folder, "*.safetensors"))), None
+def _read_index(folder: str, index_name: str, suffix: str) -> dict[str, str]:
+  """An index's tensor -> file map.  Each file is a plain name of a file in `folder` (never a
+  path out of it) with the format's suffix, and exists."""
+  index_path = os.path.join(folder, index_name)
   try:
     with open(index_path, encoding="utf-8") as f:
       weight_map = json.load(f)["weight_map"]
@@ -151,22 +152,50 @@ def _safetensors_files(folder: str) -> tuple[list[str], dict[str, str] | None]:
             and all(isinstance(v, str) for v in weight_map.values())):
       raise TypeError
   except (OSError, ValueError, KeyError, TypeError):
-    raise GSIError(f"{index_path} is not a safetensors index (a JSON object whose "
+    raise GSIError(f"{index_path} is not a checkpoint index (a JSON object whose "
                    "weight_map maps tensor names to files); download it again") from None
-  files = sorted(os.path.join(folder, name) for name in set(weight_map.values()))
-  for f in files:
-    if not os.path.isfile(f):
-      raise GSIError(f"{index_path} names {os.path.basename(f)}, which is missing: the "
-                     "download is incomplete")
-  return files, {key: os.path.join(folder, name) for key, name in weight_map.items()}
+  for name in sorted(set(weight_map.values())):
+    if os.path.basename(name) != name or name in (".", "..") or not name.endswith(suffix):
+      raise GSIError(f"{index_path} names {name!r}, which is not a {suffix} file in the "
+                     "model folder; only files beside the index are read: fix the index")
+    if not os.path.isfile(os.path.join(folder, name)):
+      raise GSIError(f"{index_path} names {name}, which is missing: the download is "
+                     "incomplete")
+  return {key: os.path.join(folder, name) for key, name in weight_map.items()}
+
+
+def checkpoint_files(folder: str) -> tuple[str, list[str], dict[str, str] | None]:
+  """(format, the weight files to read, the index's tensor -> file map or None), chosen as
+  transformers chooses (CHECKPOINT_FILES)."""
+  for fmt, name, is_index in CHECKPOINT_FILES:
+    if os.path.isfile(os.path.join(folder, name)):
+      if not is_index:
+        return fmt, [os.path.join(folder, name)], None
+      weight_map = _read_index(folder, name, ".safetensors" if fmt == "safetensors" else ".bin")
+      return fmt, sorted(set(weight_map.values())), weight_map
+  others = sorted(n for n in os.listdir(folder) if n.endswith((".safetensors", ".bin")))
+  raise GSIError(f"{folder} has config.json but none of "
+                 f"{', '.join(n for _, n, _ in CHECKPOINT_FILES)}"
+                 + (f" (it holds {', '.join(others[:3])}, which transformers would not read "
+                    "either)" if others else ""))
+
+
+def _place(folder: str, where: dict[str, str], key: str, f: str) -> None:
+  """Records that file f holds tensor key: one held by two files is refused, since which
+  one is meant is unknowable."""
+  if key in where:
+    raise GSIError(f"{folder}: tensor {key} is stored in both {os.path.basename(where[key])} "
+                   f"and {os.path.basename(f)}; remove the stale file")
+  where[key] = f
 
 
 def _hf_tensor_getter(folder: str) -> mapping.TensorSource:
   """Tensors by name (prefixes stripped), read lazily from safetensors (whole or a slice)
-  or from a .bin."""
-  files, weight_map = _safetensors_files(folder)
+  or from a .bin: the files transformers would read, and no other."""
+  fmt, files, weight_map = checkpoint_files(folder)
   index: dict[str, tuple] = {}
-  if files:
+  where: dict[str, str] = {}  # tensor -> the file holding it
+  if fmt == "safetensors":
     from safetensors import safe_open
     for f in files:
       try:
@@ -176,17 +205,8 @@ def _hf_tensor_getter(folder: str) -> mapping.TensorSource:
         raise GSIError(f"{f} is not a readable safetensors file ({e}); the file is "
                        "truncated or damaged, download it again") from None
       for key in keys:
-        if key in index:
-          raise GSIError(f"{folder}: tensor {key} is stored in both "
-                         f"{os.path.basename(index[key][1])} and {os.path.basename(f)}; "
-                         "remove the stale file")
+        _place(folder, where, key, f)
         index[key] = (key, f)
-    if weight_map is not None:
-      wrong = sorted(k for k, f in weight_map.items() if index.get(k, (k, None))[1] != f)
-      if wrong:
-        raise GSIError(f"{folder}: {SAFETENSORS_INDEX} places {wrong[0]} (and "
-                       f"{len(wrong) - 1} more) in a file that does not hold it; the "
-                       "download is incomplete or the index is stale")
 
     def read(key, f, index=None):
       """One tensor (or its `index`) in its stored dtype.  The file is mapped only while it
@@ -198,24 +218,28 @@ def _hf_tensor_getter(folder: str) -> mapping.TensorSource:
         raise GSIError(f"{f}: tensor {key} cannot be read ({e}); the file is truncated "
                        "or damaged, download it again") from None
   else:
-    bins = sorted(glob.glob(os.path.join(folder, "pytorch_model*.bin")))
-    if not bins:
-      raise GSIError(f"{folder} has config.json but no *.safetensors or pytorch_model*.bin")
     try:
       import torch
     except ImportError:
       raise GSIError(f"{folder} holds PyTorch .bin weights; install torch or convert "
                      "them to safetensors") from None
-    for f in bins:
+    for f in files:
       try:
         state = torch.load(f, map_location="cpu", weights_only=True)
       except Exception as e:  # torch's message would suggest weights_only=False: never
         raise GSIError(f"{f} is not a plain PyTorch weights file ({type(e).__name__}); it "
                        "is damaged or holds code, which is never run: convert the "
                        "checkpoint to safetensors from a source you trust") from None
-      for key, value in state.items():
+      for key in state:
+        _place(folder, where, key, f)
         index[key] = (state, key)
     read = lambda state, key: state[key].float().numpy()
+  if weight_map is not None:
+    wrong = sorted(k for k, f in weight_map.items() if where.get(k) != f)
+    if wrong:
+      raise GSIError(f"{folder}: its index places {wrong[0]} (and {len(wrong) - 1} more) in "
+                     "a file that does not hold it; the download is incomplete or the index "
+                     "is stale")
   normalized = {}
   for key in index:
     short = key
