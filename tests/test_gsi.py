@@ -284,6 +284,63 @@ def test_checkpoint_roundtrip_is_bit_identical(tiny, tmp_path):
       assert a.dtype == b.dtype and np.array_equal(a, b)
 
 
+def _tree(folder):
+  """Every file under `folder` with its bytes."""
+  return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*"))
+          if f.is_file()}
+
+
+def test_saves_delete_nothing_of_the_users_and_keep_one_copy(tiny, tmp_path):
+  """A folder holding the user's own numbered folders and files: every save leaves them as
+  they were (Orbax would take bare numbers for its steps and prune them); the saves keep
+  one current copy, or as many as `keep` says."""
+  model, bases, _ = tiny("gpt2")
+  path = tmp_path / "mine"
+  for name in ("1", "2", "3", "10"):
+    (path / name).mkdir(parents=True)
+    (path / name / "notes.txt").write_text(f"the user's run {name}")
+  (path / "README").write_text("the user's")
+  theirs = _tree(path)
+  for step in (1, 2, 3):
+    assert gsi_jax.save_bases(str(path), bases) == step
+  assert {k: v for k, v in _tree(path).items() if k in theirs} == theirs
+  ours = sorted(p.name for p in path.iterdir() if p.name.startswith("gsi_bases"))
+  assert ours == ["gsi_bases_3"]
+  assert gsi_jax.save_bases(str(path), bases, keep=2) == 4
+  assert gsi_jax.save_bases(str(path), bases, keep=None) == 5
+  assert sorted(p.name for p in path.iterdir() if p.name.startswith("gsi_bases")) == [
+      "gsi_bases_3", "gsi_bases_4", "gsi_bases_5"]
+  assert _tree(path).keys() >= theirs.keys()
+  back = gsi_jax.load_bases(str(path))
+  np.testing.assert_array_equal(back.vectors["layer_0"]["attn_in"],
+                                bases.vectors["layer_0"]["attn_in"])
+
+
+@pytest.mark.parametrize("keep", [0, -1, 1.5, True, "2"])
+def test_save_bases_checks_keep(tiny, tmp_path, keep):
+  _, bases, _ = tiny("gpt2")
+  with pytest.raises(GSIError, match=r"keep=.* must be a positive integer"):
+    gsi_jax.save_bases(str(tmp_path / "b"), bases, keep=keep)
+  assert not (tmp_path / "b").exists()
+
+
+def test_bases_saved_without_a_step_prefix_still_load(tiny, tmp_path):
+  """Earlier versions named their steps 1, 2, ...: those still load, and a folder whose
+  numbered folders are not saves of bases is said to hold none."""
+  from gsi_jax.gsi import checkpoint
+  _, bases, _ = tiny("gpt2")
+  arrays = bases.arrays()
+  meta = checkpoint.sealed({**bases.meta, "format_version": gsi_jax.gsi.bases.FORMAT_VERSION},
+                           arrays)
+  with checkpoint._manager(str(tmp_path / "old"), create=True) as manager:
+    checkpoint._save(manager, 1, arrays, meta)
+  assert (tmp_path / "old" / "1" / "meta").is_dir()
+  assert gsi_jax.load_bases(str(tmp_path / "old")).k_max == bases.k_max
+  (tmp_path / "numbers" / "7").mkdir(parents=True)
+  with pytest.raises(GSIError, match="holds no complete bases checkpoint"):
+    gsi_jax.load_bases(str(tmp_path / "numbers"))
+
+
 def test_failed_save_keeps_earlier_checkpoint(tiny, tmp_path, monkeypatch):
   model, bases, _ = tiny("gpt2")
   path = str(tmp_path / "b")
@@ -295,7 +352,8 @@ def test_failed_save_keeps_earlier_checkpoint(tiny, tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     gsi_jax.save_bases(path, bases)
   monkeypatch.undo()
-  os.makedirs(os.path.join(path, "2.orbax-checkpoint-tmp-1234"))  # a crashed writer's leftovers
+  # A crashed writer's leftovers.
+  os.makedirs(os.path.join(path, "gsi_bases_2.orbax-checkpoint-tmp-1234"))
   back = gsi_jax.load_bases(path)
   np.testing.assert_array_equal(back.vectors["layer_0"]["attn_in"],
                                 bases.vectors["layer_0"]["attn_in"])
@@ -307,7 +365,7 @@ def test_damaged_and_missing_checkpoints(tiny, tmp_path):
     gsi_jax.load_bases(str(tmp_path / "absent"))
   path = tmp_path / "b"
   gsi_jax.save_bases(str(path), bases)
-  for f in (path / "1" / "arrays").rglob("*"):
+  for f in (path / "gsi_bases_1" / "arrays").rglob("*"):
     if f.is_file() and "METADATA" not in f.name:
       f.write_bytes(b"garbage")
   with pytest.raises(GSIError, match="damaged"):
@@ -504,8 +562,8 @@ def test_flipped_bytes_in_a_checkpoint_are_never_restored(tiny, tmp_path, where)
   model, bases, _ = tiny("gpt2")
   path = tmp_path / "b"
   gsi_jax.save_bases(str(path), bases)
-  files = sorted(f for f in (path / "1" / "arrays").rglob("*") if f.is_file()
-                 and f.stat().st_size > 200 and "METADATA" not in f.name.upper()
+  files = sorted(f for f in (path / "gsi_bases_1" / "arrays").rglob("*")
+                 if f.is_file() and f.stat().st_size > 200 and "METADATA" not in f.name.upper()
                  and "manifest" not in f.name)
   assert files
   for f in files:  # flip bytes in the middle of every data file

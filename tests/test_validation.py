@@ -324,7 +324,7 @@ def test_edited_metadata_is_caught_and_recalibrated(tiny_folder, tmp_path, caplo
   model = gsi_jax.load_model(tiny_folder("gpt2")[0])
   _run_cached(model, model.params, CALIB, tmp_path, caplog)
   (entry,) = [p for p in (tmp_path / "bases").iterdir() if not p.name.endswith(".lock")]
-  (meta_file,) = [f for f in (entry / "1" / "meta").rglob("*") if f.is_file()
+  (meta_file,) = [f for f in (entry / "gsi_bases_1" / "meta").rglob("*") if f.is_file()
                   and '"k_max"' in f.read_text(errors="ignore")]
   meta = json.loads(meta_file.read_text())
   meta["k_max"] = 10_000  # a poisoned k_max would claim bases it does not hold

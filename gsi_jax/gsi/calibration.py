@@ -32,7 +32,7 @@ from gsi_jax.measure.benchmarking import CompileEvents
 from gsi_jax.errors import GSIError, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
-from gsi_jax.gsi.checkpoint import LayerProgress, exclusive
+from gsi_jax.gsi.checkpoint import LayerProgress, check_layer, exclusive
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block, Decoder
 
@@ -411,6 +411,8 @@ def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, 
       (vectors[layer], eigenvalues[layer], trace[layer],
        costs[layer]) = solve_layer(grams, k_max, method, previous, seconds)
     seconds["solve"] -= seconds["to_host"] - to_host
+    check_layer(layer, vectors[layer], eigenvalues[layer], trace[layer],
+                jnp.dtype(model.dtype).name)
     del grams  # one layer's Gram matrices alive at a time
     if index == done:
       first_layer_programs = compiles.programs

@@ -1,9 +1,10 @@
 """Orbax checkpoints of calibrated bases.
 
-Each save is a new step of an Orbax CheckpointManager: Orbax writes into a
-temporary folder and renames it only once complete, so an interrupted or
-failed save never touches the steps already there, and restore reads the
-newest complete one.  The metadata carries a SHA-256 of every array and one of
+Each save is a new step of an Orbax CheckpointManager, a folder gsi_bases_<step>: Orbax
+writes into a temporary folder and renames it only once complete, so an interrupted or
+failed save never touches the steps already there, and restore reads the newest complete
+one.  Older saves are pruned past `keep` (one by default), and only saves: nothing else in
+the folder is ever taken for a step.  The metadata carries a SHA-256 of every array and one of
 itself, and a restore checks both, then that the values are finite and the
 vectors orthonormal: damaged or edited bases are never handed on, and bases
 that fail those checks are never saved.  Every writer and reader of a checkpoint
@@ -20,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 
@@ -35,7 +37,14 @@ ORTHONORMAL_TOL = 1e-3  # float32 vectors of width up to 16384
 META_SHA256 = "meta_sha256"
 
 
-def _manager(path: str, create: bool, max_to_keep: int | None = 2):
+# Saved bases are steps named gsi_bases_<n>.  Orbax takes every folder its step format
+# matches for a step, and prunes the oldest: with bare numbers it would take a user's own
+# folders named 1, 2, ... for steps and delete them.  With the prefix it sees only ours.
+BASES_STEP_PREFIX = "gsi_bases"
+
+
+def _manager(path: str, create: bool, max_to_keep: int | None = 2,
+             step_prefix: str | None = None):
   """A manager of this process alone: bases are host arrays that every process holds
   whole, so the primary writes them and each process reads them, with no barrier."""
   import orbax.checkpoint as ocp
@@ -43,7 +52,8 @@ def _manager(path: str, create: bool, max_to_keep: int | None = 2):
   if create:  # Orbax creates no root for a manager of a subset of processes
     os.makedirs(path, exist_ok=True)
   options = ocp.CheckpointManagerOptions(
-      max_to_keep=max_to_keep, create=False, enable_async_checkpointing=False,
+      max_to_keep=max_to_keep, step_prefix=step_prefix, create=False,
+      enable_async_checkpointing=False,
       multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me,
                                                                  active_processes={me}))
   return ocp.CheckpointManager(os.path.abspath(path), options=options,
@@ -159,8 +169,17 @@ def storage_cause(e: BaseException) -> str:
   return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
 
 
-def save_bases(path: str, bases: Bases) -> int:
-  """Save as the next step under `path`; returns the step."""
+def save_bases(path: str, bases: Bases, keep: int | None = 1) -> int:
+  """Save as the next step under `path` (a folder gsi_bases_<step>); returns the step.
+
+  keep: how many saves stay, the newest first (None: all).  The older ones go only once
+  the new one is complete, and nothing in `path` that is not a save of bases is touched."""
+  if not isinstance(bases, Bases):
+    raise GSIError(f"save_bases takes the Bases that calibrate returns, got "
+                   f"{type(bases).__name__}")
+  if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+    raise GSIError(f"save_bases: keep={keep!r} must be a positive integer (how many saves "
+                   "to keep) or None (all of them)")
   check_writable(path)
   problem = _invalid(bases)
   if problem:
@@ -171,7 +190,7 @@ def save_bases(path: str, bases: Bases) -> int:
   step = 0
   if distributed.is_primary():
     try:
-      with exclusive(path), _manager(path, create=True) as manager:
+      with exclusive(path), _manager(path, True, keep, BASES_STEP_PREFIX) as manager:
         step = (manager.latest_step() or 0) + 1
         _save(manager, step, arrays, meta)
     except GSIError:
@@ -209,6 +228,17 @@ def _invalid(bases: Bases) -> str | None:
     if np.abs(gram - np.eye(V.shape[1])).max() > ORTHONORMAL_TOL:
       return f"the vectors of {layer}/{site} are not orthonormal"
   return None
+
+
+def check_layer(name: str, vectors: dict, eigenvalues: dict, trace: dict,
+                dtype: str = "") -> None:
+  """One calibrated layer's bases, checked as they are made (not only when saved)."""
+  problem = _invalid(Bases({name: vectors}, {name: eigenvalues}, {name: trace}, {}))
+  if problem:
+    cause = (" a float16 forward overflows past 65504: calibrate in bfloat16 or float32"
+             if dtype == "float16" else " the model or the calibration text gives "
+             "activations that no basis can describe")
+    raise GSIError(f"calibration of {name} failed: {problem};{cause}")
 
 
 def _check_orthonormal(path: str, bases: Bases) -> None:
@@ -266,11 +296,7 @@ class LayerProgress:
 
   def save(self, index: int, vectors, eigenvalues, trace, costs, x_NTD) -> None:
     layer = {"vectors": vectors, "eigenvalues": eigenvalues, "trace": trace}
-    name = P.layer_name(index)
-    problem = _invalid(Bases({name: vectors}, {name: eigenvalues}, {name: trace}, {}))
-    if problem:
-      raise GSIError(f"calibration of {name} failed: {problem}; the model or the "
-                     "calibration text gives activations that no basis can describe")
+    check_layer(P.layer_name(index), vectors, eigenvalues, trace)
     carry = {"hidden": distributed.host_copy(x_NTD)}
     if not distributed.is_primary():
       return  # the primary writes every process's (identical) progress
@@ -314,13 +340,29 @@ class LayerProgress:
     return done, carry["hidden"]
 
 
+def _saved_steps(path: str, prefix: str | None) -> list[int]:
+  """The complete saves of bases in `path`: folders <prefix>_<n> (bare <n> from earlier
+  versions, which saved without a prefix) that hold both of a save's items.  A user's
+  folder that merely has a number for a name is not one."""
+  name = re.compile(rf"^{re.escape(prefix)}_(\d+)$" if prefix else r"^(\d+)$")
+  steps = []
+  for entry in os.listdir(path):
+    found = name.match(entry)
+    if found and all(os.path.isdir(os.path.join(path, entry, item))
+                     for item in ("arrays", "meta")):
+      steps.append(int(found.group(1)))
+  return steps
+
+
 def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) -> Bases:
   """Restore the newest complete step; check integrity, model identity and k when given."""
   if not os.path.isdir(path):
     raise GSIError(f"no bases checkpoint at {path}; calibrate first")
+  prefix = BASES_STEP_PREFIX if _saved_steps(path, BASES_STEP_PREFIX) else None
   try:
-    with exclusive(path, create=False), _manager(path, create=False) as manager:
-      step = manager.latest_step()
+    with exclusive(path, create=False), \
+        _manager(path, False, None, prefix) as manager:
+      step = max(_saved_steps(path, prefix), default=None)
       if step is None:
         raise GSIError(f"{path} holds no complete bases checkpoint; calibrate again")
       arrays, meta = _restore(manager, step, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 
+from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
 
 
@@ -135,6 +136,14 @@ def byte_accounting(params, fast_share_by_layer: dict | None = None,
   for the rank ladder), else (k, share × k).  head_fast_share, head_v_columns: of a
   GSI head (`score`'s).
   """
+  layers = {layer for layer, *_ in P.site_shapes(params)}
+  for name, given in (("fast_share_by_layer", fast_share_by_layer),
+                      ("rows_by_layer", rows_by_layer)):
+    if given is not None and not (isinstance(given, dict) and set(given) <= layers):
+      keys = sorted(given) if isinstance(given, dict) else type(given).__name__
+      raise GSIError(f"byte_accounting: {name} must map layers of params to their sites' "
+                     f"figures, got {keys}; pass generate's stats as "
+                     "byte_accounting(params, **stats)")
   share = fast_share_by_layer or {}
   lin_dense = lin = paper = 0.0
   for layer, site, d, out in P.site_shapes(params):

@@ -47,7 +47,7 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
 
   The last position of each window has no target and is left out everywhere.
   """
-  windows_NT = np.asarray(model.ids(windows_NT, "windows"))
+  windows_NT = np.asarray(model.checked_ids(windows_NT, "a scoring window"))
   check_gate(gate)
   nll, top1, totals = [], [], None
   counter = progress.Counter(f"scoring {windows_NT.size} tokens", len(windows_NT))
@@ -62,6 +62,8 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
   finally:
     counter.close()
   nll, top1 = np.concatenate(nll), np.concatenate(top1)
+  if not np.all(np.isfinite(nll)):  # never a perplexity of nan
+    raise model.nonfinite("the scored log-probabilities")
   mean = jax.tree.map(lambda c: float(c) / nll.size, totals)
   rows = jax.tree.map(lambda v, m: (v, m), mean["rank"], mean["fast_rank"])
   return {"nll": nll, "top1": top1, "fast_share_by_layer": mean["fast"],

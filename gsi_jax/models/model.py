@@ -37,6 +37,9 @@ def _forward(module, params, ids_BT, gate, collections=()):
   return logits, state
 
 
+# The token a decode draws from logits holding NaN or +inf: never a token id.
+NONFINITE = -1
+
 # Prompts are padded on the right to a multiple of this many tokens, so that prompts of
 # nearby lengths share one compiled decode program.
 PROMPT_BUCKET = 16
@@ -47,7 +50,8 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
               stats=False):
   """Greedy tokens (B, max_new_tokens), how many steps ran, and the decode steps' counts
   ({} unless `stats`: the gate statistics are sown, counted and summed at every site only
-  when a caller asks, so a timed decode computes none of them).
+  when a caller asks, so a timed decode computes none of them).  A token drawn from logits
+  holding NaN or +inf is NONFINITE, and ends its row.
 
   ids_BL holds the prompt in its first prompt_len columns; the rest is padding, which
   no real position attends to (attention is causal by position) and which the decode
@@ -69,11 +73,17 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
     else:  # a collection that is not mutable is never sown
       (logits, cache), counts = module.apply({"params": params}, ids, start, cache, gate), {}
     logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
-    return jnp.argmax(logits_BV, -1).astype(ids_BL.dtype), cache, counts
+    tok_B = jnp.argmax(logits_BV, -1).astype(ids_BL.dtype)
+    # argmax takes NaN (and +inf) for the largest, so the logit drawn is finite exactly
+    # when its row holds no NaN or +inf: one element a row read back, no second pass over
+    # the vocabulary.  A row whose is not draws NONFINITE, which ends it.
+    drawn_B = jnp.take_along_axis(logits_BV, tok_B[:, None].astype(jnp.int32), -1)[:, 0]
+    return jnp.where(jnp.isfinite(drawn_B), tok_B, NONFINITE), cache, counts
 
   def finished(tok, i):
     expected = jax.lax.dynamic_index_in_dim(expected_BN, i, axis=1, keepdims=False)
-    return jnp.any(tok[:, None] == eos_ids[None, :], -1) | ((expected >= 0) & (tok != expected))
+    return (jnp.any(tok[:, None] == eos_ids[None, :], -1) | (tok == NONFINITE)
+            | ((expected >= 0) & (tok != expected)))
 
   tok, cache, counts = step(ids_BL, 0, cache, prompt_len - 1)
   out = jnp.zeros((B, max_new_tokens), ids_BL.dtype).at[:, 0].set(tok)
@@ -208,16 +218,34 @@ class Model:
                      f"more than this device's {have / 2**30:.1f} GiB; shorten the prompt or "
                      "max_new_tokens")
 
+  def nonfinite(self, what: str) -> GSIError:
+    """The error for NaN or inf where a result should be, naming the likely cause."""
+    dtype = jnp.dtype(self.dtype).name
+    cause = ("float16's range (65504) overflowed: load the model with dtype='bfloat16' or "
+             "'float32'" if dtype == "float16" else "the weights or the gate's parameters "
+             "hold NaN or inf, or the computation overflowed: check them")
+    return GSIError(f"{what} hold NaN or inf in {dtype}; {cause}")
+
+  def checked_ids(self, input_ids, what: str = "input_ids") -> jax.Array:
+    """Token ids in the vocabulary, no longer than a learned position table."""
+    ids = self.ids(input_ids, what)
+    self.check_length(ids.shape[1], what)
+    return ids
+
   def logits(self, params, input_ids, gate: Gate | None = None) -> jax.Array:
-    """(B, T) int ids -> (B, T, vocab) float32 logits."""
-    check_gate(gate)
-    return _forward(self.module, params, self.ids(input_ids), gate)[0]
+    """(B, T) int ids -> (B, T, vocab) float32 logits; NaN or inf ones are refused."""
+    return self.forward(params, input_ids, gate, collections=())[0]
 
   def forward(self, params, input_ids, gate: Gate | None = None,
               collections: tuple[str, ...] = ("gate_stats",)):
-    """Logits plus the sown collections ("gate_stats", "site_inputs")."""
+    """Logits plus the sown collections ("gate_stats", "site_inputs"); NaN or inf logits
+    are refused."""
     check_gate(gate)
-    return _forward(self.module, params, self.ids(input_ids), gate, tuple(collections))
+    logits, state = _forward(self.module, params, self.checked_ids(input_ids), gate,
+                             tuple(collections))
+    if not isinstance(logits, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(logits))):
+      raise self.nonfinite("the logits")
+    return logits, state
 
   def site_inputs(self, params, input_ids, gate: Gate | None = None) -> dict:
     """{layer: {site: x (B, T, d)}}: what every site's maps read in this forward."""
@@ -262,6 +290,9 @@ class Model:
     new, steps, counts = _generate(self.module, params, jnp.pad(ids, ((0, 0), (0, L - T))),
                                    jnp.int32(T), decode_gate(params, gate, return_stats), N,
                                    eos, jnp.asarray(expected), stats=return_stats)
+    bad = np.argwhere(np.asarray(new[:, :int(steps)]) == NONFINITE)
+    if bad.size:
+      raise self.nonfinite(f"the logits of new token {bad[:, 1].min() + 1} of {N}")
     out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
     if not return_stats:
       return out
