@@ -125,13 +125,16 @@ def test_malicious_pickle_is_refused_and_never_run(tiny_folder, tmp_path):
   import pickle
   import torch
   folder = tiny_with(tiny_folder, tmp_path, "gpt2")
-  os.remove(f"{folder}/model.safetensors")
   marker = tmp_path / "payload_ran"
 
   class Payload:
     def __reduce__(self):
       return (open, (str(marker), "w"))
-  torch.save({"wte.weight": Payload()}, f"{folder}/pytorch_model.bin", pickle_module=pickle)
+  from safetensors.torch import load_file
+  state = load_file(f"{folder}/model.safetensors")  # real weights, the payload among them
+  os.remove(f"{folder}/model.safetensors")
+  torch.save({**state, "wte.weight": Payload()}, f"{folder}/pytorch_model.bin",
+             pickle_module=pickle)
   with pytest.raises(GSIError, match="never run") as info:
     gsi_jax.load_model(folder)
   assert "weights_only" not in str(info.value)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 
 import numpy as np
 
@@ -11,6 +13,75 @@ from gsi_jax.loading.mapping import TensorSource
 from gsi_jax.models.config import ModelConfig
 
 GGUF_MAGIC = b"GGUF"
+# Bytes of each GGUF scalar value type (llama.cpp's gguf.h); 8 is a string, 9 an array.
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+_MAX_DIMS = 8  # GGML_MAX_DIMS is 4
+
+
+class _Header:
+  """A bounds-checked walk over a GGUF header: every count it declares is checked against
+  the bytes left in the file before anything is read or allocated for it."""
+
+  def __init__(self, data, path: str):
+    self.data, self.path, self.at, self.order = data, path, 0, "<"
+
+  def refuse(self, what: str):
+    raise GSIError(f"{self.path}: GGUF header declares {what}, more than the file's "
+                   f"{len(self.data)} bytes can hold; the file is truncated, damaged or "
+                   "crafted")
+
+  def take(self, fmt: str) -> int:
+    size = struct.calcsize(fmt)
+    if self.at + size > len(self.data):
+      self.refuse(f"a field at byte {self.at} past its end")
+    value = struct.unpack_from(self.order + fmt, self.data, self.at)[0]
+    self.at += size
+    return value
+
+  def count(self, fmt: str, min_item: int, what: str) -> int:
+    n = self.take(fmt)
+    if n * min_item > len(self.data) - self.at:
+      self.refuse(f"{n} {what}")
+    return n
+
+  def string(self) -> None:
+    length = self.count("Q", 1, "bytes of a string")
+    self.at += length
+
+  def value(self, kind: int) -> None:
+    if kind in _SCALAR_BYTES:
+      self.at += _SCALAR_BYTES[kind]
+    elif kind == _STRING:
+      self.string()
+    elif kind == _ARRAY:
+      item = self.take("I")
+      least = _SCALAR_BYTES.get(item, 8 if item == _STRING else 12)
+      for _ in range(self.count("Q", least, "array items")):
+        self.value(item)
+    else:
+      raise GSIError(f"{self.path}: GGUF value type {kind} at byte {self.at} is unknown; "
+                     "the file is damaged")
+    if self.at > len(self.data):
+      self.refuse(f"a value at byte {self.at} past its end")
+
+  def walk(self) -> None:
+    self.at = 4
+    version = self.take("I")
+    if version > 0xFFFF:  # written big-endian
+      self.order = ">"
+    n_tensors = self.count("Q", 8 + 4 + 8 + 4 + 8, "tensors")
+    for _ in range(self.count("Q", 8 + 4 + 1, "metadata fields")):
+      self.string()
+      self.value(self.take("I"))
+    for _ in range(n_tensors):
+      self.string()
+      dims = self.take("I")
+      if dims > _MAX_DIMS:
+        self.refuse(f"a tensor of {dims} dimensions")
+      self.at += 8 * dims + 4 + 8
+    if self.at > len(self.data):
+      self.refuse("tensor descriptions past its end")
 
 
 def _gguf():
@@ -30,6 +101,8 @@ def open_gguf(path: str):
   with open(path, "rb") as f:
     if f.read(4) != GGUF_MAGIC:
       raise GSIError(f"{path} is not a GGUF file (bad magic); pass a .gguf model file")
+    with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+      _Header(data, path).walk()  # before gguf's reader allocates for what it declares
   try:
     reader = gguf.GGUFReader(path)
   except Exception as e:  # the reader's own errors are not informative
@@ -122,7 +195,8 @@ def tokenizer_from_gguf(reader, path: str):
   if model != "gpt2":
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(os.path.dirname(path) or ".",
-                                         gguf_file=os.path.basename(path))
+                                         gguf_file=os.path.basename(path),
+                                         trust_remote_code=False)
   from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
   from transformers import PreTrainedTokenizerFast
   tokens = _field(reader, "tokenizer.ggml.tokens")

@@ -104,6 +104,21 @@ def _build(config, table, tensors: mapping.TensorSource, dtype, origin, tokenize
                eos_ids=eos_ids, bytes_read=bytes_read)
 
 
+def check_declared_size(config: ModelConfig, nbytes: int, min_bits: int, origin: str) -> None:
+  """Refuse a config whose weights could not fit in the checkpoint's `nbytes` at `min_bits`
+  a weight (its linear maps and embedding alone), before any table or array is made for
+  what it declares: a wrong or crafted count fails in one line, with memory bounded."""
+  c = config
+  attention = c.d_model * (2 * c.q_dim + 2 * c.kv_dim)
+  mlp = c.d_model * c.d_ff * (3 if c.gated_mlp else 2)
+  weights = c.n_layers * (attention + mlp) + c.vocab_size * min(c.d_model, c.embed_dim)
+  if weights * min_bits > 8 * nbytes:
+    raise GSIError(f"{origin}: its config declares {weights:,} weights ({c.n_layers} layers "
+                   f"of width {c.d_model}, a vocabulary of {c.vocab_size}), more than its "
+                   f"{nbytes:,} bytes of weights hold at {min_bits} bits a weight; the config "
+                   "is wrong, or the file is truncated or damaged")
+
+
 def first_layers(config: ModelConfig, n_layers: int | None) -> ModelConfig:
   """The model cut to its first n_layers blocks (None: all), to profile a layer shape."""
   if n_layers is None:
@@ -126,7 +141,10 @@ def first_blocks(model: Model, n: int) -> Model:
 def load_gguf(path: str, dtype="float32", n_layers: int | None = None, mesh=None) -> Model:
   """A Llama-architecture GGUF file: config, dequantised weights and its tokenizer."""
   reader = gguf_file.open_gguf(path)
-  config = first_layers(gguf_file.config_from_gguf(reader, path), n_layers)
+  config = gguf_file.config_from_gguf(reader, path)
+  # The most compressed GGUF quantizations take 1.56 bits a weight.
+  check_declared_size(config, os.path.getsize(path), 1, path)
+  config = first_layers(config, n_layers)
   tokenizer = _read_tokenizer(lambda: gguf_file.tokenizer_from_gguf(reader, path), path)
   return _build(config, mapping.gguf_llama_table(config), gguf_file.tensor_getter(reader, path),
                 dtype, path, tokenizer, path, _eos_ids(tokenizer, path), n_layers is None, mesh)
@@ -273,6 +291,9 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
     config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
   except GSIError as e:
     raise GSIError(f"{config_path}: {e}") from None
+  # Float weights only (a quantized checkpoint is refused above): a byte a weight at least.
+  check_declared_size(config, sum(os.path.getsize(f) for f in checkpoint_files(folder)[1]),
+                      8, folder)
   config = first_layers(config, n_layers)
   # Checked before the tokenizer, whose own build would fail on it less clearly.
   configured_eos = _eos_ids(None, config_path, raw.get("eos_token_id"))
@@ -280,7 +301,9 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
   if any(os.path.exists(os.path.join(folder, n)) for n in
          ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")):
     from transformers import AutoTokenizer
-    tokenizer = _read_tokenizer(lambda: AutoTokenizer.from_pretrained(folder), folder)
+    # No code from the folder runs, and nothing asks whether it may.
+    tokenizer = _read_tokenizer(
+        lambda: AutoTokenizer.from_pretrained(folder, trust_remote_code=False), folder)
   return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
                 dtype, folder, tokenizer, folder,
                 configured_eos or _eos_ids(tokenizer, folder), n_layers is None, mesh)

@@ -48,7 +48,7 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
   The last position of each window has no target and is left out everywhere.
   """
   windows_NT = np.asarray(model.checked_ids(windows_NT, "a scoring window"))
-  check_gate(gate)
+  check_gate(gate, params)
   nll, top1, totals = [], [], None
   counter = progress.Counter(f"scoring {windows_NT.size} tokens", len(windows_NT))
   try:

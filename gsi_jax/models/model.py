@@ -18,15 +18,19 @@ from gsi_jax.models.decoder import Decoder, init_cache
 from gsi_jax.ops import Gate
 
 
-def _gate_counts(gate_stats) -> dict:
+def _gate_counts(gate_stats, active_B) -> dict:
   """{layer: {site: (fast tokens, tokens, V columns read, M rows read)}} from the sown
-  fast masks and ranks, summed over tokens (a rank ladder's token reads its rung of M)."""
+  fast masks and ranks, summed over the tokens of the rows still decoding (active_B: a
+  finished row repeats its last token, which is no token of its decode; a rank ladder's
+  token reads its rung of M)."""
   out = {}
   for layer, sites in gate_stats.items():
     for site, val in sites.items():
       fast, rank = val["fast"][0].astype(jnp.float32), val["rank"][0].astype(jnp.float32)
+      w = jnp.broadcast_to(active_B.astype(jnp.float32).reshape(
+          (-1,) + (1,) * (fast.ndim - 1)), fast.shape)
       out.setdefault(layer, {})[site] = jnp.stack(
-          [jnp.sum(fast), jnp.float32(fast.size), jnp.sum(rank), jnp.sum(rank * fast)])
+          [jnp.sum(fast * w), jnp.sum(w), jnp.sum(rank * w), jnp.sum(rank * fast * w)])
   return out
 
 
@@ -65,11 +69,11 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   dtype = jax.tree.leaves(params["embed"])[0].dtype
   cache = init_cache(module.config, B, L + max_new_tokens, dtype)
 
-  def step(ids, start, cache, last):
+  def step(ids, start, cache, last, active_B):
     if stats:
       (logits, cache), state = module.apply({"params": params}, ids, start, cache, gate,
                                             mutable=["gate_stats"])
-      counts = _gate_counts(state.get("gate_stats", {}))
+      counts = _gate_counts(state.get("gate_stats", {}), active_B)
     else:  # a collection that is not mutable is never sown
       (logits, cache), counts = module.apply({"params": params}, ids, start, cache, gate), {}
     logits_BV = jax.lax.dynamic_index_in_dim(logits, last, axis=1, keepdims=False)
@@ -85,7 +89,7 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
     return (jnp.any(tok[:, None] == eos_ids[None, :], -1) | (tok == NONFINITE)
             | ((expected >= 0) & (tok != expected)))
 
-  tok, cache, counts = step(ids_BL, 0, cache, prompt_len - 1)
+  tok, cache, counts = step(ids_BL, 0, cache, prompt_len - 1, jnp.ones((B,), bool))
   out = jnp.zeros((B, max_new_tokens), ids_BL.dtype).at[:, 0].set(tok)
   zero_counts = jax.tree.map(jnp.zeros_like, counts)
 
@@ -95,7 +99,7 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
 
   def body(carry):
     tok, cache, i, done, out, total = carry
-    nxt, cache, counts = step(tok[:, None], prompt_len + i - 1, cache, 0)
+    nxt, cache, counts = step(tok[:, None], prompt_len + i - 1, cache, 0, ~done)
     nxt = jnp.where(done, tok, nxt)
     out = jax.lax.dynamic_update_slice(out, nxt[:, None], (0, i))
     return (nxt, cache, i + 1, done | finished(nxt, i), out,
@@ -137,10 +141,25 @@ def device_memory_bytes() -> int:
   return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_gate(gate) -> None:
+def check_gate(gate, params=None) -> None:
+  """A Gate or None; with `params`, a gate that would take a GSI path (static, or a
+  threshold above 0) needs bases to take it: over a tree that holds none it would run as
+  dense, silently."""
   if gate is not None and not isinstance(gate, Gate):
     raise GSIError(f"gate must be a gsi_jax.ops.Gate (make_gate(...)) or None, "
                    f"got {type(gate).__name__}")
+  if params is None or gate is None or gate.mode not in ("gated", "static"):
+    return
+  try:
+    thresholds = [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    return  # traced: a sweep's thresholds
+  if gate.mode == "gated" and all(e <= 0 for e in thresholds):
+    return
+  if not (P.any_site_holds(params, P.V) or P.V in params.get(P.LM_HEAD, {})):
+    raise GSIError(f"a {gate.mode} GSI gate over parameters that hold no bases would run as "
+                   "dense; pass the parameters apply_gsi(params, bases, k) returns, or no "
+                   "gate for dense")
 
 
 def check_ids(input_ids, vocab_size: int, what: str = "input_ids", ndim: int = 2) -> jax.Array:
@@ -240,7 +259,7 @@ class Model:
               collections: tuple[str, ...] = ("gate_stats",)):
     """Logits plus the sown collections ("gate_stats", "site_inputs"); NaN or inf logits
     are refused."""
-    check_gate(gate)
+    check_gate(gate, params)
     logits, state = _forward(self.module, params, self.checked_ids(input_ids), gate,
                              tuple(collections))
     if not isinstance(logits, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(logits))):
@@ -267,7 +286,7 @@ class Model:
     M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
     """
     whole("max_new_tokens", max_new_tokens)
-    check_gate(gate)
+    check_gate(gate, params)
     ids = self.ids(input_ids, "the prompt")
     if ids.shape[1] == 0:
       raise GSIError("generate takes a (batch, tokens) prompt of at least one token, "
