@@ -1,7 +1,11 @@
-"""The one error type the project raises for bad input, and the check every whole-number
-argument of the public API goes through."""
+"""The one error type the project raises for bad input, and the checks the public API's
+whole-number, boolean, numeric and path arguments go through."""
 
+import numbers
 import operator
+import os
+
+import numpy as np
 
 
 class GSIError(ValueError):
@@ -20,3 +24,24 @@ def whole(name: str, value, low: int | None = 1) -> int:
   if low is not None and number < low:
     raise GSIError(f"{name} must be >= {low}, got {number}")
   return number
+
+
+def flag(name: str, value) -> bool:
+  """value as a bool: True or False (Python's or NumPy's) only; bool("no") is True."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise GSIError(f"{name} must be True or False, got {value!r}")
+  return bool(value)
+
+
+def number(name: str, value) -> float:
+  """value as a float: a real number (not a string, which float() would parse, nor a bool)."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise GSIError(f"{name} must be a number, got {value!r}")
+  return float(value)
+
+
+def path(name: str, value) -> str:
+  """value as a str path: a str or os.PathLike, not empty."""
+  if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+    raise GSIError(f"{name} must be a path (a non-empty str or os.PathLike), got {value!r}")
+  return os.fspath(value)

@@ -29,12 +29,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gsi_jax.runtime import distributed, sharding
 from gsi_jax.measure.benchmarking import CompileEvents
-from gsi_jax.errors import GSIError, whole
+from gsi_jax.errors import GSIError, flag, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
 from gsi_jax.gsi.checkpoint import LayerProgress, check_layer, exclusive
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block, Decoder
+from gsi_jax.models.model import Model
 
 METHODS = ("eigh", "cascade", "krylov")
 
@@ -301,8 +302,11 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   on_layer(done, layers, phase_seconds): called after each layer is solved (a benchmark
   saves what it measured so far).
   """
+  if not isinstance(model, Model):
+    raise GSIError(f"model must be what load_model returns, got {type(model).__name__}")
+  P.check_tree(params)
   k_max, seq_len = whole("k_max", k_max), whole("seq_len", seq_len, 2)
-  batch_size = whole("batch_size", batch_size)
+  batch_size, progress = whole("batch_size", batch_size), flag("progress", progress)
   _check_method(method, k_max)
   token_ids = np.asarray(model.ids(token_ids, "calibration ids", 1 if np.ndim(token_ids) == 1
                                    else 2))

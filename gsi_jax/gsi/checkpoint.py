@@ -29,7 +29,8 @@ import jax
 import numpy as np
 
 from gsi_jax.runtime import distributed
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, whole
+from gsi_jax.errors import path as path_arg
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
 from gsi_jax.models import params as P
 
@@ -177,6 +178,7 @@ def save_bases(path: str, bases: Bases, keep: int | None = 1) -> int:
   if not isinstance(bases, Bases):
     raise GSIError(f"save_bases takes the Bases that calibrate returns, got "
                    f"{type(bases).__name__}")
+  path = path_arg("path", path)
   if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
     raise GSIError(f"save_bases: keep={keep!r} must be a positive integer (how many saves "
                    "to keep) or None (all of them)")
@@ -356,6 +358,9 @@ def _saved_steps(path: str, prefix: str | None) -> list[int]:
 
 def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) -> Bases:
   """Restore the newest complete step; check integrity, model identity and k when given."""
+  path = path_arg("path", path)
+  if k is not None:
+    k = whole("k", k)
   if not os.path.isdir(path):
     raise GSIError(f"no bases checkpoint at {path}; calibrate first")
   prefix = BASES_STEP_PREFIX if _saved_steps(path, BASES_STEP_PREFIX) else None

@@ -10,6 +10,7 @@ token and is left dense.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -36,8 +37,11 @@ def apply_gsi_head(params, V_DK: np.ndarray, k: int):
   """New params whose LM head also holds V_k and M = V_kᵀ W_head, M's columns padded with
   zeros to a multiple of P.HEAD_COLUMNS: a vocabulary such as GPT-2's 50257 would otherwise
   start every row of M unaligned, and a GPU kernel reads it with scalar loads."""
-  W_DV = P.head_kernel(params)
+  W_DV = P.head_kernel(P.check_tree(params))
   k = whole("head k", k, None)
+  if not (isinstance(V_DK, (np.ndarray, jax.Array)) and V_DK.ndim == 2):
+    raise GSIError(f"the head basis must be a (d, k) array (head_basis returns one), got "
+                   f"{type(V_DK).__name__}")
   if V_DK.shape[0] != W_DV.shape[0]:
     raise GSIError(f"head basis is {V_DK.shape[0]}-wide, the head reads {W_DV.shape[0]}; "
                    "calibrate the head of this model")

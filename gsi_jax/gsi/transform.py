@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError, whole
+from gsi_jax.errors import GSIError, number, whole
 from gsi_jax.gsi.bases import Bases, fingerprint
 from gsi_jax.models import params as P
 
@@ -17,6 +17,7 @@ def site_rank(k: int, d: int) -> int:
 
 
 def check_k(params, k: int, name: str = "k") -> int:
+  P.check_tree(params)
   k = whole(name, k, None)
   if k <= 0 or k > P.widest_site(params):
     raise GSIError(f"{name} must be in 1..{P.widest_site(params)} (the widest site), got {k}")
@@ -24,7 +25,10 @@ def check_k(params, k: int, name: str = "k") -> int:
 
 
 def check_bases(params, bases: Bases) -> None:
-  got = fingerprint(params)
+  if not isinstance(bases, Bases):
+    raise GSIError(f"bases must be the Bases that calibrate or load_bases returns, got "
+                   f"{type(bases).__name__}")
+  got = fingerprint(P.check_tree(params))
   if bases.meta.get("fingerprint") != got:
     raise GSIError(f"bases were calibrated for another model ({bases.meta.get('model')!r}, "
                    f"fingerprint {bases.meta.get('fingerprint')}, this model: {got}); "
@@ -92,10 +96,12 @@ def apply_residual_sparsity(gsi_params, thresholds: dict):
   """New params whose GSI sites compute y = g M + r_S W_S (`gsi_jax.ops.residual`):
   {layer: {site: t}} keeps the residual's entries with |r_i| ≥ t, and no gate runs.
   `gsi_jax.peers.sparsity_thresholds` on the GSI tree calibrates t for a target share."""
-  for layer, sites in thresholds.items():
-    for site in sites:
+  for layer, sites in P.check_per_site(gsi_params, thresholds, "thresholds").items():
+    for site, t in sites.items():
       if not P.has_gsi(gsi_params[layer][site]):
         raise GSIError(f"{layer}/{site} has no V_k: apply_gsi first")
+      if not number(f"thresholds {layer}/{site}", t) >= 0:
+        raise GSIError(f"thresholds {layer}/{site} must be >= 0, got {t}")
   return P.with_site_values(gsi_params, P.RESIDUAL_THRESHOLD, thresholds)
 
 
@@ -104,7 +110,7 @@ def truncate_ranks(gsi_params, ranks: dict):
   first k rows: the bases are nested, so that is the rank-k tree `apply_gsi` builds
   (k = 0 leaves a site no subspace: the sparse residual is then the input itself)."""
   out = gsi_params
-  for layer, sites in ranks.items():
+  for layer, sites in P.check_per_site(gsi_params, ranks, "ranks").items():
     for site, k in sites.items():
       node = gsi_params[layer][site]
       if not P.has_gsi(node):

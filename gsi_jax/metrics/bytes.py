@@ -136,10 +136,11 @@ def byte_accounting(params, fast_share_by_layer: dict | None = None,
   for the rank ladder), else (k, share × k).  head_fast_share, head_v_columns: of a
   GSI head (`score`'s).
   """
-  layers = {layer for layer, *_ in P.site_shapes(params)}
+  layers = {layer for layer, *_ in P.site_shapes(P.check_tree(params))}
   for name, given in (("fast_share_by_layer", fast_share_by_layer),
                       ("rows_by_layer", rows_by_layer)):
-    if given is not None and not (isinstance(given, dict) and set(given) <= layers):
+    if given is not None and not (isinstance(given, dict) and set(given) <= layers and all(
+        isinstance(sites, dict) for sites in given.values())):
       keys = sorted(given) if isinstance(given, dict) else type(given).__name__
       raise GSIError(f"byte_accounting: {name} must map layers of params to their sites' "
                      f"figures, got {keys}; pass generate's stats as "

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError, whole
+from gsi_jax.errors import GSIError, flag, whole
 from gsi_jax.models import params as P
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
@@ -259,7 +259,7 @@ class Model:
               collections: tuple[str, ...] = ("gate_stats",)):
     """Logits plus the sown collections ("gate_stats", "site_inputs"); NaN or inf logits
     are refused."""
-    check_gate(gate, params)
+    check_gate(gate, P.check_tree(params))
     logits, state = _forward(self.module, params, self.checked_ids(input_ids), gate,
                              tuple(collections))
     if not isinstance(logits, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(logits))):
@@ -286,7 +286,9 @@ class Model:
     M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
     """
     whole("max_new_tokens", max_new_tokens)
-    check_gate(gate, params)
+    return_stats, stop_at_eos = flag("return_stats", return_stats), flag("stop_at_eos",
+                                                                        stop_at_eos)
+    check_gate(gate, P.check_tree(params))
     ids = self.ids(input_ids, "the prompt")
     if ids.shape[1] == 0:
       raise GSIError("generate takes a (batch, tokens) prompt of at least one token, "
@@ -326,4 +328,6 @@ class Model:
     return np.asarray(self.tokenizer(text)["input_ids"], np.int32)
 
   def decode(self, ids) -> str:
+    if self.tokenizer is None:
+      raise GSIError(f"{self.source} has no tokenizer; read the token ids instead")
     return self.tokenizer.decode(list(np.asarray(ids)), skip_special_tokens=False)

@@ -25,6 +25,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from gsi_jax.errors import GSIError
+
 SITES = ("attn_in", "attn_out", "mlp_in", "mlp_out")
 KERNEL, BIAS = "kernel", "bias"
 V, M = "V", "M"
@@ -47,6 +49,31 @@ LM_HEAD, EMBED, EMBEDDING = "lm_head", "embed", "embedding"
 HEAD_MAP = "logits"  # the LM head's one map, under M/
 SITE_INPUTS, HEAD_INPUTS = "site_inputs", "head_inputs"
 _LAYER = "layer_"
+
+
+def check_tree(params, what: str = "params"):
+  """A model's parameter tree (model.params, or a tree a transform returned), else one
+  GSIError naming the argument."""
+  if not (isinstance(params, dict) and EMBED in params and layers(params)):
+    raise GSIError(f"{what} must be a model's parameter tree (model.params, or what "
+                   f"apply_gsi returns), got {type(params).__name__}")
+  return params
+
+
+def check_per_site(params, values, what: str) -> dict:
+  """{layer: {site: value}} naming only layers and sites the tree has."""
+  sites = site_kernels(check_tree(params))
+  if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+    raise GSIError(f"{what} must map layers to {{site: value}}, got {type(values).__name__}")
+  for layer, per_site_values in values.items():
+    if layer not in sites:
+      raise GSIError(f"{what} names {layer!r}, not a layer of this model (it has "
+                     f"{len(sites)}: {layer_name(0)}..{layer_name(len(sites) - 1)})")
+    for site in per_site_values:
+      if site not in sites[layer]:
+        raise GSIError(f"{what} names {layer}/{site!r}, not a site of this model "
+                       f"({', '.join(sites[layer])})")
+  return values
 
 
 def layer_name(i: int) -> str:
@@ -177,7 +204,7 @@ def with_site_values(params, key: str, values: dict):
 
 def dense_params(params):
   """The dense tree back: every GSI key dropped, the LM head's included."""
-  out = dict(params)
+  out = dict(check_tree(params))
   for layer, sites in site_kernels(params).items():
     out[layer] = {**out[layer], **{site: {k: v for k, v in out[layer][site].items()
                                           if k not in GSI_KEYS} for site in sites}}

@@ -13,7 +13,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, flag
 from gsi_jax.ops.fused_sum import fused_sum
 
 MODES = ("gated", "static", "dense", "soft", "coin")
@@ -56,8 +56,10 @@ class Gate:
 
 
 def check_threshold(name: str, value) -> float:
-  """A gate threshold: a number >= 0, inf allowed."""
+  """A gate threshold: a number >= 0, inf allowed (a string or a bool is not a number)."""
   try:
+    if isinstance(value, (str, bytes, bool)):
+      raise TypeError
     value = float(value)
   except (TypeError, ValueError):
     raise GSIError(f"{name} must be a number >= 0 (inf allowed), got {value!r}") from None
@@ -78,7 +80,7 @@ def make_gate(eps: float, mode: str = "gated", *, impl: str = "auto", batch1_swi
     raise GSIError(f"gate mode {mode!r} is not one of {MODES}")
   head = None if head_eps is None else jnp.float32(check_threshold("head_eps", head_eps))
   return Gate(eps=jnp.float32(check_threshold("eps", eps)), head_eps=head, mode=mode,
-              impl=check_impl(impl), batch1_switch=bool(batch1_switch))
+              impl=check_impl(impl), batch1_switch=flag("batch1_switch", batch1_switch))
 
 
 def energy(x_BTD: jax.Array) -> jax.Array:
