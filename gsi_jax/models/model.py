@@ -174,7 +174,8 @@ def check_ids(input_ids, vocab_size: int, what: str = "input_ids", ndim: int = 2
     ids = np.asarray(input_ids)
   except ValueError:
     raise GSIError(f"{what} is ragged: every row must have the same number of tokens "
-                   "(pad them, or pass the rows one at a time)") from None
+                   "(generate takes rows of different lengths; here, pass the rows one at "
+                   "a time)") from None
   if ids.dtype == object or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
     raise GSIError(f"{what} must hold integer token ids, got {ids.dtype}")
   if ids.ndim != ndim:
@@ -272,7 +273,8 @@ class Model:
     return P.unwrap_sown(state[P.SITE_INPUTS])
 
   def generate(self, params, input_ids, max_new_tokens: int, gate: Gate | None = None,
-               return_stats: bool = False, stop_at_eos: bool = True, until_differs=None):
+               return_stats: bool = False, stop_at_eos: bool = True, until_differs=None,
+               attention_mask=None):
     """Greedy decoding with a KV cache; returns prompt + new ids, (B, T + N).
 
     stop_at_eos (as transformers' generate): stop once every row has produced an
@@ -284,16 +286,81 @@ class Model:
     gate statistics (the prompt's prefill excluded), which is what batch-1 decoding
     reads: per site the fast share ("fast_share_by_layer") and the mean (V columns,
     M rows) read ("rows_by_layer"), keyed as `metrics.score`'s for the byte formula.
+
+    Prompts of different lengths: a list of id lists, or ids padded on the left with an
+    attention_mask of zeros then ones (as transformers' tokenizers pad for generation).
+    Each row decodes exactly as it would alone (the rows of one length decode together),
+    and keeps its padding on the left of the output; a list's padding is the first
+    end-of-sequence id (0 without one).
     """
     whole("max_new_tokens", max_new_tokens)
     return_stats, stop_at_eos = flag("return_stats", return_stats), flag("stop_at_eos",
                                                                         stop_at_eos)
     check_gate(gate, P.check_tree(params))
+    ids, lengths = self._prompts(input_ids, attention_mask)
+    decode = functools.partial(self._decode, params, max_new_tokens=int(max_new_tokens),
+                               gate=gate, stats=return_stats, stop_at_eos=stop_at_eos)
+    if lengths is None:
+      out, counts = decode(ids, until_differs=until_differs)
+    else:
+      out, counts = self._decode_by_length(decode, ids, lengths, until_differs)
+    if not return_stats:
+      return out
+    per_token = lambda read: jax.tree.map(lambda c: read(np.asarray(c) / max(float(c[1]), 1.0)),
+                                          counts, is_leaf=lambda x: isinstance(x, jax.Array))
+    return out, {"fast_share_by_layer": per_token(lambda c: float(c[0])),
+                 "rows_by_layer": per_token(lambda c: (float(c[2]), float(c[3])))}
+
+  def _prompts(self, input_ids, attention_mask):
+    """(ids (B, T), each row's prompt length or None where every row fills T)."""
+    rows_are_lists = isinstance(input_ids, (list, tuple)) and all(
+        isinstance(row, (list, tuple, np.ndarray)) for row in input_ids)
+    if attention_mask is None and rows_are_lists and len(set(map(len, input_ids))) > 1:
+      T, pad = max(map(len, input_ids)), (self.eos_ids or (0,))[0]
+      attention_mask = [[0] * (T - len(row)) + [1] * len(row) for row in input_ids]
+      input_ids = [[pad] * (T - len(row)) + list(row) for row in input_ids]
     ids = self.ids(input_ids, "the prompt")
     if ids.shape[1] == 0:
       raise GSIError("generate takes a (batch, tokens) prompt of at least one token, "
                      f"got shape {ids.shape}")
-    T, N = ids.shape[1], int(max_new_tokens)
+    if attention_mask is None:
+      return ids, None
+    mask = np.asarray(attention_mask)
+    if mask.shape != ids.shape or not np.isin(mask, (0, 1)).all():
+      raise GSIError(f"attention_mask must be 0s and 1s of the prompt's shape {ids.shape}, "
+                     f"got {mask.dtype} of shape {mask.shape}")
+    lengths = mask.sum(1).astype(int)
+    left_padded = (mask == (np.arange(ids.shape[1]) >= ids.shape[1] - lengths[:, None])).all()
+    if not left_padded or lengths.min() < 1:
+      raise GSIError("attention_mask must pad on the left (zeros, then at least one 1 a row), "
+                     "as a tokenizer does with padding_side='left'")
+    return ids, None if (lengths == ids.shape[1]).all() else lengths
+
+  @staticmethod
+  def _decode_by_length(decode, ids, lengths, until_differs):
+    """Each length's rows decoded together, alone, then laid back in their order: a row
+    that stopped before the longest repeats its last token."""
+    T, parts, counts = ids.shape[1], [], None
+    until = None if until_differs is None else np.asarray(until_differs)
+    if until is not None and (until.ndim != 2 or len(until) != len(ids)):
+      raise GSIError(f"until_differs takes ({len(ids)}, tokens) ids, got shape {until.shape}")
+    for length in sorted(set(lengths.tolist())):
+      rows = np.flatnonzero(lengths == length)
+      out, part_counts = decode(ids[rows, T - length:],
+                                until_differs=None if until is None else until[rows])
+      parts.append((rows, np.asarray(out)[:, length:]))
+      counts = part_counts if counts is None else jax.tree.map(jnp.add, counts, part_counts)
+    width = max(new.shape[1] for _, new in parts)
+    out = np.zeros((len(ids), T + width), np.int32)
+    out[:, :T] = np.asarray(ids)
+    for rows, new in parts:
+      out[rows, T:] = np.concatenate([new, np.repeat(new[:, -1:], width - new.shape[1], 1)], 1)
+    return jnp.asarray(out), counts
+
+  def _decode(self, params, ids, *, max_new_tokens: int, gate, stats: bool, stop_at_eos: bool,
+              until_differs):
+    """generate for prompts of one length: (prompt + new ids, the steps' summed counts)."""
+    T, N = ids.shape[1], max_new_tokens
     self.check_length(T + N, "prompt plus new tokens")
     L = self.cache_tokens(T, N) - N  # the padded prompt
     self.check_cache_fits(ids.shape[0], L + N)
@@ -309,18 +376,12 @@ class Model:
       n = min(N, reference.shape[1])
       expected[:, :n] = reference[:, :n]
     new, steps, counts = _generate(self.module, params, jnp.pad(ids, ((0, 0), (0, L - T))),
-                                   jnp.int32(T), decode_gate(params, gate, return_stats), N,
-                                   eos, jnp.asarray(expected), stats=return_stats)
+                                   jnp.int32(T), decode_gate(params, gate, stats), N,
+                                   eos, jnp.asarray(expected), stats=stats)
     bad = np.argwhere(np.asarray(new[:, :int(steps)]) == NONFINITE)
     if bad.size:
       raise self.nonfinite(f"the logits of new token {bad[:, 1].min() + 1} of {N}")
-    out = jnp.concatenate([ids, new[:, :int(steps)]], axis=1)
-    if not return_stats:
-      return out
-    per_token = lambda read: jax.tree.map(lambda c: read(np.asarray(c) / max(float(c[1]), 1.0)),
-                                          counts, is_leaf=lambda x: isinstance(x, jax.Array))
-    return out, {"fast_share_by_layer": per_token(lambda c: float(c[0])),
-                 "rows_by_layer": per_token(lambda c: (float(c[2]), float(c[3])))}
+    return jnp.concatenate([ids, new[:, :int(steps)]], axis=1), counts
 
   def encode(self, text: str) -> np.ndarray:
     if self.tokenizer is None:
