@@ -2,6 +2,7 @@
 
 import math
 import os
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -635,3 +636,34 @@ def test_any_storage_failure_is_one_line_naming_the_path(tiny, tmp_path, monkeyp
                   np.zeros((1, 2, 3), np.float32))
   monkeypatch.undo()
   assert checkpoint.load_bases(path).k_max == bases.k_max
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 160 KiB tmpfs (root only; skipped where mount is refused)."""
+  folder = tmp_path / "small_disk"
+  folder.mkdir()
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(folder)],
+                           capture_output=True)
+  if mounted.returncode:
+    pytest.skip("mounting a small tmpfs needs root")
+  yield folder
+  subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_during_calibration_is_one_line_and_resumes(tiny, small_disk, capfd):
+  """Orbax's background write fails with tensorstore's RESOURCE_EXHAUSTED: one GSIError
+  naming the folder, no traceback printed; the layers saved before stay and resume."""
+  model, _, _ = tiny("gpt2")
+  ids = np.tile(CALIB, (8, 1))
+  capfd.readouterr()
+  with pytest.raises(GSIError, match=r"^cannot save calibration progress to .*small_disk/p "
+                                     r"\(ValueError: RESOURCE_EXHAUSTED"):
+    gsi_jax.calibrate(model, model.params, ids, 16, seq_len=16, progress=False,
+                      resume_dir=str(small_disk / "p"))
+  assert "Traceback" not in capfd.readouterr().err
+  done = sorted(os.listdir(small_disk / "p" / "layers"))
+  subprocess.run(["mount", "-o", "remount,size=64m", str(small_disk)], check=True)
+  bases = gsi_jax.calibrate(model, model.params, ids, 16, seq_len=16, progress=False,
+                            resume_dir=str(small_disk / "p"))
+  assert bases.k_max == 16 and done

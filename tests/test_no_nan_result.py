@@ -72,6 +72,8 @@ def test_nothing_reads_past_a_learned_position_table(tiny_folder):
     model.logits(model.params, too_long)
   with pytest.raises(GSIError, match="a scoring window of 65 tokens exceeds"):
     metrics.score(model, model.params, too_long)
+  with pytest.raises(GSIError, match="a calibration window of 65 tokens exceeds"):
+    gsi_jax.calibrate(model, model.params, np.ones((2, 65), np.int32), 4, seq_len=65)
   with pytest.raises(GSIError, match="prompt plus new tokens of 66 tokens exceeds"):
     model.generate(model.params, too_long[:, :60], 6)
   assert model.logits(model.params, too_long[:, :64]).shape == (1, 64, 101)

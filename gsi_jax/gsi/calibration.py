@@ -311,6 +311,7 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   token_ids = np.asarray(model.ids(token_ids, "calibration ids", 1 if np.ndim(token_ids) == 1
                                    else 2))
   ids = windows(token_ids, seq_len)
+  model.check_length(ids.shape[1], "a calibration window")
   if k_max > P.widest_site(params):
     raise GSIError(f"k_max={k_max} exceeds the widest site ({P.widest_site(params)})")
   if mesh is not None:

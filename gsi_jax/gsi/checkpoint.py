@@ -260,11 +260,26 @@ def _restore(manager, step: int, path: str):
   return jax.tree.map(np.asarray, restored["arrays"]), dict(restored["meta"] or {})
 
 
+class _BackgroundWriteError(logging.Filter):
+  """Orbax logs a failed background write (a full disk: tensorstore's RESOURCE_EXHAUSTED)
+  with its traceback, then raises the same exception to the save, which reports it as one
+  line naming the folder: the logged copy is dropped."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.exc_info and "orbax" in record.pathname
+                and record.pathname.endswith("future.py"))
+
+
 def _save(manager, step: int, arrays: dict, meta: dict) -> None:
   import orbax.checkpoint as ocp
-  manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
-                                             meta=ocp.args.JsonSave(meta)))
-  manager.wait_until_finished()
+  absl_logger, quiet = logging.getLogger("absl"), _BackgroundWriteError()
+  absl_logger.addFilter(quiet)
+  try:
+    manager.save(step, args=ocp.args.Composite(arrays=ocp.args.StandardSave(arrays),
+                                               meta=ocp.args.JsonSave(meta)))
+    manager.wait_until_finished()
+  finally:
+    absl_logger.removeFilter(quiet)
 
 
 class LayerProgress:
