@@ -72,7 +72,8 @@ def test_interrupted_calibration_resumes_to_the_same_bases(tiny_folder, tmp_path
                               seq_len=16, resume_dir=progress)
   assert len(counted) == 1  # layer_0 came from the checkpoint, only layer_1 was solved
   assert_same_bases(resumed, whole, rtol=1e-6)
-  with pytest.raises(GSIError, match="other settings"):
+  with pytest.raises(GSIError, match=r"holds an interrupted calibration with another k_max; "
+                                     r"to start afresh, delete it \(rm -r .*progress\)"):
     gsi_jax.calibrate(model, model.params, IDS, 4, method="cascade", progress=False,
                       seq_len=16, resume_dir=progress)
 

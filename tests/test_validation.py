@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,6 +263,35 @@ def _run_cached(model, params, ids, tmp_path, caplog, seq_len=16, k_max=8):
     bases = cached_bases(model, params, windows, k_max, bases_dir=str(tmp_path / "bases"))
   restored = any("bases restored" in r.getMessage() for r in caplog.records)
   return bases, restored
+
+
+def test_an_interrupted_calibration_blocks_no_run_with_other_settings(tiny_folder, tmp_path,
+                                                                     caplog, monkeypatch):
+  """Ctrl-C in the cache's calibration at k_max=8 leaves its progress: a run at another k_max
+  calibrates beside it, and a run at k_max=8 resumes it."""
+  from gsi_jax.gsi import calibration
+  model = gsi_jax.load_model(tiny_folder("gpt2")[0])
+  real, solved = calibration.solve_layer, []
+
+  def interrupt_second_layer(*args, **kwargs):
+    if solved:
+      raise KeyboardInterrupt
+    solved.append(1)
+    return real(*args, **kwargs)
+  monkeypatch.setattr(calibration, "solve_layer", interrupt_second_layer)
+  with pytest.raises(KeyboardInterrupt):
+    _run_cached(model, model.params, CALIB, tmp_path, caplog, k_max=8)
+  monkeypatch.undo()
+  bases, _ = _run_cached(model, model.params, CALIB, tmp_path, caplog, k_max=16)
+  assert bases.k_max == 16
+  assert not any("resumes" in r.getMessage() for r in caplog.records)
+  # The k_max=16 bases serve k_max=8 too, so a fresh cache shows the resume.
+  for entry in (tmp_path / "bases").iterdir():
+    if entry.is_dir() and not entry.name.endswith("-layers-k8"):
+      shutil.rmtree(entry)
+  bases, _ = _run_cached(model, model.params, CALIB, tmp_path, caplog, k_max=8)
+  assert bases.k_max == 8
+  assert any("calibration resumes after 1 of 2 layers" in r.getMessage() for r in caplog.records)
 
 
 def test_the_cache_restores_only_what_this_run_would_calibrate(tiny_folder, tmp_path, caplog):

@@ -80,7 +80,9 @@ def cached_bases(model, params, windows: TokenWindows, k_max: int, method: str =
     bases = _restore(path, identity, method, k_max) if cached else None
     distributed.same_as_primary(int(bases is not None), "cached bases", path)
     if bases is None:
-      progress = path + "-layers"  # resumes an interrupted calibration
+      # Resumes an interrupted calibration of these settings; one of another k_max (the one
+      # setting the path does not key) keeps its own.
+      progress = f"{path}-layers-k{k_max}"
       if not cached:
         logging.info("no cached bases for this model, text and method in %s: calibrating "
                      "once, layer by layer (later runs restore them; --bases_dir or "

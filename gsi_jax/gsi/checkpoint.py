@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import tempfile
 import threading
 
@@ -339,15 +340,19 @@ class LayerProgress:
       carry, meta = _restore(manager, done, self.path)
     _check_sums(self.path, carry, meta)
     if meta.get("run") != self.run:
-      raise GSIError(f"{self.path} holds a calibration with other settings "
-                     f"({meta.get('run')}); pass an empty folder to start afresh")
+      theirs = meta.get("run") if isinstance(meta.get("run"), dict) else {}
+      other = sorted(k for k in {**theirs, **self.run} if theirs.get(k) != self.run.get(k))
+      raise GSIError(f"{self.path} holds an interrupted calibration with another "
+                     f"{', '.join(other)}; to start afresh, delete it (rm -r "
+                     f"{shlex.quote(self.path)}) or pass another folder")
     with self._layers(create=False) as manager:
       for step in range(1, done + 1):
         arrays, meta = _restore(manager, step, self.path)
         _check_sums(self.path, arrays, meta)
         if meta.get("run") != self.run or meta.get("index") != step - 1:
           raise GSIError(f"{self.path}: layer step {step} belongs to another calibration; "
-                         "pass an empty folder to start afresh")
+                         f"to start afresh, delete it (rm -r {shlex.quote(self.path)}) or "
+                         "pass another folder")
         layer = P.layer_name(step - 1)
         _check_orthonormal(self.path, Bases({layer: arrays["vectors"]},
                                             {layer: arrays["eigenvalues"]},

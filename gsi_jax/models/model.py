@@ -80,7 +80,7 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
     tok_B = jnp.argmax(logits_BV, -1).astype(ids_BL.dtype)
     # argmax takes NaN (and +inf) for the largest, so the logit drawn is finite exactly
     # when its row holds no NaN or +inf: one element a row read back, no second pass over
-    # the vocabulary.  A row whose is not draws NONFINITE, which ends it.
+    # the vocabulary.  A row whose drawn logit is not finite draws NONFINITE, ending it.
     drawn_B = jnp.take_along_axis(logits_BV, tok_B[:, None].astype(jnp.int32), -1)[:, 0]
     return jnp.where(jnp.isfinite(drawn_B), tok_B, NONFINITE), cache, counts
 
