@@ -23,6 +23,7 @@ from gsi_jax import experiment, text
 from gsi_jax.measure import provenance
 from gsi_jax.runtime import distributed, supervisor
 from gsi_jax.errors import GSIError
+from gsi_jax.gsi import calibration
 from gsi_jax.gsi.cache import DEFAULT_BASES_DIR
 from gsi_jax.loading import DEFAULT_MODEL
 
@@ -217,13 +218,12 @@ def run(main: Callable, one_process: str | None = None) -> None:
 
 def interrupted_message() -> str:
   """One line on Ctrl-C: what is kept, and how to go on."""
-  cache = FLAGS["bases_dir"].value if "bases_dir" in FLAGS else None
   partial = sorted(experiment.PARTIAL_WRITES)
   kept = [f"the rows finished so far are in {', '.join(partial)} (\"complete\": false)"] \
       if partial else []
-  if cache:
-    kept.append(f"calibrated layers are kept under {cache} and the same command resumes "
-                "after them")
+  if calibration.RESUMABLE:
+    kept.append(f"the calibrated layers are kept in {', '.join(sorted(calibration.RESUMABLE))}"
+                " and the same command resumes after them")
   return "interrupted: " + ("; ".join(kept) if kept else
                             "nothing partial was written (outputs are written whole)")
 

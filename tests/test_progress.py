@@ -32,3 +32,37 @@ def test_a_step_says_its_start_and_its_time(caplog):
     pass
   said = [r.getMessage() for r in caplog.records]
   assert said[0] == "loading m ..." and said[1].startswith("loading m: done in ")
+
+
+def test_without_logging_configured_the_lines_go_to_stderr(capsys, caplog):
+  """A plain script or a notebook never configured logging: INFO is not shown there."""
+  caplog.set_level(logging.WARNING)
+  progress.say("calibrating %s", "m")
+  assert capsys.readouterr().err == "calibrating m\n" and not caplog.records
+  caplog.set_level(logging.INFO)
+  progress.say("calibrating %s", "m")
+  assert capsys.readouterr().err == "" and caplog.records[-1].getMessage() == "calibrating m"
+
+
+def test_a_loop_estimates_what_is_left(caplog):
+  caplog.set_level(logging.INFO)
+  counter = progress.Counter("scoring", 4, every_s=0.0)
+  counter.advance()
+  assert caplog.records[-1].getMessage().startswith("scoring: 1/4 (25%), ")
+  assert caplog.records[-1].getMessage().endswith(" s left")
+
+
+def test_a_plain_script_shows_calibration_progress(tiny_folder):
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  script = ("import sys, numpy as np, gsi_jax\n"
+            "m = gsi_jax.load_model(sys.argv[1])\n"
+            "gsi_jax.calibrate(m, m.params, np.arange(1, 65).reshape(4, 16), 8, seq_len=16)\n")
+  proc = subprocess.run([sys.executable, "-c", script, tiny_folder("gpt2")[0]], cwd=root,
+                        capture_output=True, text=True, timeout=300,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "calibration eigh: layer_1 (2/2) in " in proc.stderr
+  assert "s left" in proc.stderr

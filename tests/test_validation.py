@@ -545,27 +545,33 @@ def test_outputs_and_caches_behind_broken_links_or_folders_are_refused(tmp_path)
 
 
 INTERRUPTED = """
+import os
 from gsi_jax import cli
+from gsi_jax.gsi import calibration
 cli.define_experiment_flags()
 def main(argv):
+  if os.environ["CALIBRATING"]:  # interrupted while a calibration wrote its layers there
+    calibration.RESUMABLE.add(os.environ["CALIBRATING"])
   raise KeyboardInterrupt
 cli.run(main)
 """
 
 
-@pytest.mark.parametrize("bases_dir, message", [
-    ("/tmp/some/cache", "interrupted: calibrated layers are kept under /tmp/some/cache and the "
-                        "same command resumes after them"),
-    ("", "interrupted: nothing partial was written"),
+@pytest.mark.parametrize("calibrating, message", [
+    ("/tmp/some/cache/m-layers-k8", "interrupted: the calibrated layers are kept in "
+                                    "/tmp/some/cache/m-layers-k8 and the same command "
+                                    "resumes after them"),
+    ("", "interrupted: nothing partial was written (outputs are written whole)"),
 ])
-def test_ctrl_c_ends_with_one_line(bases_dir, message):
-  proc = subprocess.run([sys.executable, "-c", INTERRUPTED, f"--bases_dir={bases_dir}"],
+def test_ctrl_c_ends_with_one_line(calibrating, message):
+  """Layers are said to be kept only where a calibration was running (the bases cache
+  alone is no calibration)."""
+  proc = subprocess.run([sys.executable, "-c", INTERRUPTED, "--bases_dir=/tmp/some/cache"],
                         capture_output=True, text=True, cwd=ROOT, timeout=120,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "CALIBRATING": calibrating})
   assert proc.returncode == 130
   # Beside absl's INFO lines (the device the run is on), that one line and nothing else.
-  assert [l for l in proc.stderr.strip().splitlines() if not ABSL_INFO.match(l)] == [
-      message + ("" if bases_dir else " (outputs are written whole)")]
+  assert [l for l in proc.stderr.strip().splitlines() if not ABSL_INFO.match(l)] == [message]
 
 
 INTERRUPTED_IN_A_GC_CALLBACK = """

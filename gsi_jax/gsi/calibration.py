@@ -29,6 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gsi_jax.runtime import distributed, sharding
 from gsi_jax.measure.benchmarking import CompileEvents
+from gsi_jax import progress as progress_lines
 from gsi_jax.errors import GSIError, flag, whole
 from gsi_jax.gsi import cascade, solvers
 from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
@@ -86,7 +87,8 @@ def gram_matrices(model, params, windows_NT: np.ndarray, batch_size: int = 4,
     if progress:
       jax.block_until_ready(grams)  # dispatch is asynchronous: report work actually done
       done = min(i + batch_size, n)
-      logging.info("calibration forward: %d/%d windows (%.0f s)", done, n, time.time() - start)
+      progress_lines.say("calibration forward: %d/%d windows (%.0f s)", done, n,
+                         time.time() - start)
   return jax.tree.map(distributed.host_copy, grams)  # whole, also when processes share it
 
 
@@ -323,10 +325,20 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   store = LayerProgress(resume_dir, run) if resume_dir else None
   # A second run on the same resume_dir waits, then resumes after this one's layers.
   with exclusive(resume_dir) if store else contextlib.nullcontext():
-    bases = _stream_layers(model, params, ids, k_max, method, batch_size, progress, store,
-                           mesh, on_layer)
+    if store:
+      RESUMABLE.add(resume_dir)
+    try:
+      bases = _stream_layers(model, params, ids, k_max, method, batch_size, progress, store,
+                             mesh, on_layer)
+    finally:
+      RESUMABLE.discard(resume_dir)
   bases.meta.update(meta)
   return bases
+
+
+# The resume folders of the calibrations running now: an interrupted run can say which
+# calibration resumes, and says none where none was running.
+RESUMABLE: set[str] = set()
 
 
 PHASES = ("embed", "forward", "gram", "solve", "to_host", "save", "compile")
@@ -428,9 +440,9 @@ def _layer_loop(model, params, ids, k_max, method, batch_size, progress, store, 
     if progress:
       finished = index + 1 - done
       eta = (time.time() - start) / finished * (len(layer_names) - index - 1)
-      logging.info("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f s); "
-                   "ETA %.0f s", method, layer, index + 1, len(layer_names), time.time() - t0,
-                   forward_s, time.time() - t0 - forward_s, eta)
+      progress_lines.say("calibration %s: %s (%d/%d) in %.1f s (forward %.1f s, solve %.1f "
+                         "s); about %.0f s left", method, layer, index + 1, len(layer_names),
+                         time.time() - t0, forward_s, time.time() - t0 - forward_s, eta)
     if on_layer is not None:
       on_layer(index + 1, len(layer_names), dict(seconds))
   return _bases(vectors, eigenvalues, trace, costs, method, k_max), first_layer_programs
