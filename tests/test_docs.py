@@ -222,3 +222,16 @@ def test_every_link_and_section_number_names_a_section_of_results():
     missing += [f"{name}: §{n}" for n in re.findall(r"§(\d+(?:\.\d+)?)", text)
                 if n not in numbers]
   assert not missing, missing
+
+
+def test_every_command_runs_as_written_from_a_fresh_clone():
+  """A command in README or RESULTS names the venv's interpreter or a make target, never a
+  bare `python` (a fresh clone has no activated venv), and names a script that exists."""
+  for name in ("README.md", "RESULTS.md"):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+      text = f.read()
+    bare = re.findall(r"(?:^|[`\s])(python3?) [\w/]+\.py", text, re.M)
+    assert not bare, f"{name} runs a script with a bare {bare[0]}: write .venv/bin/python"
+    for script in re.findall(r"\.venv/bin/python ((?:experiments|benchmarks|tools)/\w+\.py)",
+                             text):
+      assert os.path.isfile(os.path.join(ROOT, script)), f"{name} names {script}"
