@@ -13,6 +13,10 @@ COMPILATION_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 for name, value in (("JAX_COMPILATION_CACHE_DIR", COMPILATION_CACHE),
                     ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")):
   os.environ.setdefault(name, value)
+# The tests' bases cache is their own, never the user's (~/.cache/gsi_jax/bases or their
+# $GSI_JAX_BASES_DIR): set before gsi_jax is imported, and inherited by every script a test
+# starts.
+os.environ["GSI_JAX_BASES_DIR"] = os.path.join(os.path.dirname(COMPILATION_CACHE), "test-bases")
 
 # Compiling is also most of what a cold cache costs (CI starts with none), so the tests
 # compile with XLA's cheapest CPU code generation (tests/compile_flags.py), only where they

@@ -654,3 +654,10 @@ def test_every_benchmark_flag_is_refused_in_one_line_before_compute(tmp_path, sc
   assert proc.returncode == 2 and len(said) == 1 and f"--{name}" in said[0], proc.stderr[-2000:]
   assert "Traceback" not in proc.stderr
   assert not os.listdir(tmp_path)
+
+
+def test_the_tests_never_write_the_users_bases_cache():
+  """conftest points every test, and every script a test starts, at a cache of its own."""
+  from gsi_jax.gsi import cache
+  own = os.path.join(ROOT, ".cache", "test-bases")
+  assert cache.DEFAULT_BASES_DIR == own == os.environ["GSI_JAX_BASES_DIR"]
