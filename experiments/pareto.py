@@ -20,7 +20,6 @@ calibration text (fallback).
 """
 
 import dataclasses
-import itertools
 import re
 import time
 from typing import Any, Mapping
@@ -196,7 +195,10 @@ def pareto(c: ParetoConfig):
 
 def plot(records, out):
   fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-  markers = dict(zip(methods.names(), itertools.cycle("oDPs^vXh<>H1*dp82+")))
+  # A marker and a colour a method, the pair unique up to 90 methods (lcm of 18 and 10).
+  symbols = "oDPs^vXh<>H1*dp82+"
+  styles = {name: (symbols[i % len(symbols)], f"C{i % 10}")
+            for i, name in enumerate(methods.names())}
   panels = (("bytes_fraction", "ppl_ratio"), ("bytes_fraction", "top1_agreement"),
             ("measured_speedup", "ppl_ratio"))
   for method in methods.names():
@@ -210,14 +212,18 @@ def plot(records, out):
     for ax, (x, y) in zip(axes, panels):
       pts = [(r[x], r[y]) for r in mine if x in r]
       if pts:
-        ax.plot(*zip(*pts), markers[method], label=method, ls=ls, alpha=0.8)
+        marker, color = styles[method]
+        ax.plot(*zip(*pts), marker=marker, color=color, label=method, ls=ls, alpha=0.8)
   axes[0].set(xlabel="weight bytes per token / dense", ylabel="perplexity ratio", yscale="log")
   axes[1].set(xlabel="weight bytes per token / dense", ylabel="top-1 agreement")
   axes[2].set(xlabel="measured batch-1 decode speedup over dense", ylabel="perplexity ratio",
               yscale="log")
   for ax in axes:
     ax.axvline(1.0, color="gray", lw=0.8)
-  axes[2].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+  # From the first panel, which every record reaches (the speed panel is empty when nothing
+  # was timed).
+  fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="center left",
+             bbox_to_anchor=(1.0, 0.5))
   experiment.save_figure(fig, out)
 
 

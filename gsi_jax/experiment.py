@@ -368,6 +368,6 @@ def save_figure(fig, json_out: str) -> str:
   path = os.path.splitext(json_out)[0] + ".png"
   fig.tight_layout()
   if distributed.is_primary():
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # a legend beside the axes included
     logging.info("wrote %s", path)
   return path

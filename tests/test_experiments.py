@@ -539,3 +539,22 @@ def test_a_users_json_is_read_strictly(tmp_path, content, message):
       env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert_one_error_line(proc, message)
   assert not (tmp_path / "o.json").exists()
+
+
+def test_the_pareto_figure_has_a_legend_and_a_style_a_method(monkeypatch, tmp_path):
+  """Untimed records (no speed panel) still get a legend, and no two methods share a marker
+  and a colour, however many are registered."""
+  from gsi_jax import experiment, methods
+  pareto = experiment_module("pareto")
+  names = methods.names()
+  records = [{"method": name, "bytes_fraction": 0.5 + i / 100, "ppl_ratio": 1.0 + i / 100,
+              "top1_agreement": 0.9} for i, name in enumerate(names)]
+  figures = []
+  monkeypatch.setattr(experiment, "save_figure", lambda fig, out: figures.append(fig))
+  pareto.plot(records, str(tmp_path / "pareto.json"))
+  (fig,) = figures
+  (legend,) = fig.legends
+  assert [t.get_text() for t in legend.get_texts()] == list(names)
+  lines = {line.get_label(): (line.get_marker(), line.get_color())
+           for line in fig.axes[0].get_lines() if line.get_label() in names}
+  assert len(set(lines.values())) == len(names) >= 18
