@@ -38,3 +38,13 @@ def test_a_readme_gpu_command_runs_from_the_checkout(tiny_folder, tmp_path, comm
   assert "running on cpu: 1 x cpu" in proc.stderr
   run = json.loads(out.read_text())["run"]
   assert run["devices"] == "cpu: 1 x cpu" and run["jax"] == __import__("jax").__version__
+
+
+def test_without_torch_importing_gsi_jax_warns_nothing():
+  """In an install without torch (the demo's, the lent image's), transformers' advice that
+  PyTorch was not found reads as a failure: gsi_jax needs torch for nothing it imports."""
+  proc = subprocess.run([sys.executable, "-c", "import gsi_jax, transformers"],
+                        capture_output=True, text=True, cwd=ROOT, timeout=300,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert "PyTorch was not found" not in proc.stderr
