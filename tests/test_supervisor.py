@@ -122,6 +122,16 @@ def test_a_process_id_is_claimed_once_and_a_log_is_never_shared(tmp_path):
   f1.close(), f2.close()
 
 
+def test_one_run_spelled_two_ways_is_claimed_once():
+  """localhost and 127.0.0.1 name one coordinator: the duplicate is refused at its claim,
+  before it could open a log."""
+  port = os.getpid() + 1
+  claim = supervisor.claim_process_id(f"127.0.0.1:{port}", "2")
+  assert claim is not None
+  assert supervisor.claim_process_id(f"localhost:{port}", "2") is None
+  claim.close()
+
+
 SAID_TWICE = """
 from gsi_jax import cli
 from gsi_jax.runtime import distributed

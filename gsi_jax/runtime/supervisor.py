@@ -24,6 +24,7 @@ import fcntl
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,13 @@ def _locked(path: str):
 
 
 def _claim_path(address: str, process: str, suffix: str) -> str:
+  """The claim's file, one per run whatever the coordinator's spelling: localhost:1234 and
+  127.0.0.1:1234 name one run, so a duplicate is refused before it opens any log."""
+  host, _, port = address.rpartition(":")
+  try:
+    address = f"{socket.gethostbyname(host.strip('[]'))}:{port}" if host else address
+  except OSError:  # unresolvable here: the spelling is all there is
+    pass
   name = re.sub(r"[^A-Za-z0-9._-]+", "_", address)
   return os.path.join(tempfile.gettempdir(), f"gsi_jax-run-{name}-process{process}.{suffix}")
 
