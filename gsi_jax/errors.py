@@ -12,6 +12,10 @@ class GSIError(ValueError):
   """Bad input: the message names the problem and, where there is one, the fix."""
 
 
+class NonFiniteResult(GSIError):
+  """A result that came out NaN or inf (logits, scores, bases): refused, never returned."""
+
+
 def whole(name: str, value, low: int | None = 1) -> int:
   """value as an int (Python's or NumPy's), at least `low` (None: any); refuses bools and
   floats, which int() would truncate (k=4.5 to 4) or read as numbers (k=True as 1)."""

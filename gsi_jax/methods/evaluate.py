@@ -13,7 +13,7 @@ import numpy as np
 
 from gsi_jax import metrics, peers, progress
 from gsi_jax.runtime import distributed, sharding
-from gsi_jax.errors import GSIError
+from gsi_jax.errors import GSIError, NonFiniteResult
 from gsi_jax.measure.benchmarking import (INTERVAL_ROUNDS, decode_beside, decode_beside_each,
                                   decode_tokens_per_s, ratio_text)
 from gsi_jax.methods.front import KEPT_ROWS_DENSE, XLA_DENSE
@@ -165,19 +165,25 @@ class Evaluator:
     which is where a sweep's time goes; `time_beside_dense` adds the timed decode."""
     start = time.perf_counter()
     params = self.placed(params)  # once: placing a placed tree again moves nothing
-    scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
-    q = metrics.quality(self.dense, scores)
-    bytes_per_token = bytes_of(scores)
     scoring = ("gsi_jax.metrics.score on the point's tree (check its weights, thresholds or "
                "bases for NaN or inf)")
+
+    def nonfinite(what, value, source):
+      return NonFinitePoint(f"method {method}, point {knob}: its held-out {what} is {value}, "
+                            f"not a finite number, so the run ends with no record for it; "
+                            f"it came from {source}")
+    try:
+      scores = metrics.score(self.model, params, self.s.held_out.ids, gate)
+    except NonFiniteResult:  # scoring refuses NaN log-probabilities: a NaN perplexity
+      raise nonfinite("perplexity ratio", math.nan, scoring) from None
+    q = metrics.quality(self.dense, scores)
+    bytes_per_token = bytes_of(scores)
     for what, value, source in (
         ("perplexity ratio", q["ppl_ratio"], scoring),
         ("top-1 agreement", q["top1_agreement"], scoring),
         ("bytes per token", bytes_per_token, f"the method's bytes function, {bytes_fn_name}")):
       if not math.isfinite(value):  # a NaN would sort anywhere on the fronts
-        raise NonFinitePoint(f"method {method}, point {knob}: its held-out {what} is {value}, "
-                             f"not a finite number, so the run ends with no record for it; "
-                             f"it came from {source}")
+        raise nonfinite(what, value, source)
     scored = time.perf_counter()
     # Each generation stops at its first token that is not dense's: whether the two are
     # the same is all a record keeps.

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gsi_jax.errors import GSIError, flag, whole
+from gsi_jax.errors import GSIError, NonFiniteResult, flag, whole
 from gsi_jax.models import params as P
 from gsi_jax.models.config import ModelConfig
 from gsi_jax.models.decoder import Decoder, init_cache
@@ -238,13 +238,13 @@ class Model:
                      f"more than this device's {have / 2**30:.1f} GiB; shorten the prompt or "
                      "max_new_tokens")
 
-  def nonfinite(self, what: str) -> GSIError:
+  def nonfinite(self, what: str) -> NonFiniteResult:
     """The error for NaN or inf where a result should be, naming the likely cause."""
     dtype = jnp.dtype(self.dtype).name
     cause = ("float16's range (65504) overflowed: load the model with dtype='bfloat16' or "
              "'float32'" if dtype == "float16" else "the weights or the gate's parameters "
              "hold NaN or inf, or the computation overflowed: check them")
-    return GSIError(f"{what} hold NaN or inf in {dtype}; {cause}")
+    return NonFiniteResult(f"{what} hold NaN or inf in {dtype}; {cause}")
 
   def checked_ids(self, input_ids, what: str = "input_ids") -> jax.Array:
     """Token ids in the vocabulary, no longer than a learned position table."""
