@@ -30,6 +30,7 @@ if os.environ.get("JAX_PLATFORMS") == "cpu" and "XLA_FLAGS" not in os.environ:
   os.environ["XLA_FLAGS"] = cheap_compile_flags(importlib.metadata.version("jaxlib"))
 
 import json  # pylint: disable=wrong-import-position
+import time  # pylint: disable=wrong-import-position
 
 import filelock  # pylint: disable=wrong-import-position
 import jax  # pylint: disable=wrong-import-position  (after the cache's settings)
@@ -106,3 +107,42 @@ def pytest_collection_modifyitems(items):
   together, where one picked up last would run on while the other idles.  (Every worker
   sorts alike, so xdist sees one order.)"""
   items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+# A long run says where it is: every PROGRESS_EVERY_S, the tests done of all and an estimate
+# of what is left (-q's dots alone say neither, over a run of many minutes).
+PROGRESS_EVERY_S = 60.0
+
+
+class RunProgress:
+  """Counts finished tests where the reports arrive: the one process without xdist, xdist's
+  controller with it (which learns the total from its workers' collections)."""
+
+  def __init__(self, config, every_s: float = PROGRESS_EVERY_S):
+    self.reporter = config.pluginmanager.getplugin("terminalreporter")
+    self.every_s, self.total, self.done = every_s, 0, 0
+    self.start = self.said = time.monotonic()
+
+  def pytest_collection_finish(self, session):
+    self.total = self.total or len(session.items)
+
+  @pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist has none
+  def pytest_xdist_node_collection_finished(self, node, ids):
+    self.total = max(self.total, len(ids))
+
+  def pytest_runtest_logreport(self, report):
+    if report.when != "teardown":
+      return
+    self.done += 1
+    now = time.monotonic()
+    if self.total and now - self.said >= self.every_s and self.done < self.total:
+      self.said = now
+      left = (now - self.start) / self.done * (self.total - self.done)
+      self.reporter.write_line(f"tests: {self.done}/{self.total} done in "
+                               f"{(now - self.start) / 60:.1f} min, about {left / 60:.0f} min "
+                               "left")
+
+
+def pytest_configure(config):
+  if not hasattr(config, "workerinput") and config.pluginmanager.getplugin("terminalreporter"):
+    config.pluginmanager.register(RunProgress(config), "gsi-jax-run-progress")

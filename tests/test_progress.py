@@ -66,3 +66,17 @@ def test_a_plain_script_shows_calibration_progress(tiny_folder):
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "calibration eigh: layer_1 (2/2) in " in proc.stderr
   assert "s left" in proc.stderr
+
+
+def test_a_long_test_run_says_how_far_it_is_and_what_is_left():
+  from types import SimpleNamespace
+  from tests.conftest import RunProgress
+  lines = []
+  reporter = SimpleNamespace(write_line=lines.append)
+  config = SimpleNamespace(pluginmanager=SimpleNamespace(getplugin=lambda name: reporter))
+  run = RunProgress(config, every_s=0.0)
+  run.pytest_xdist_node_collection_finished(None, ["a", "b", "c", "d"])
+  for when in ("setup", "call", "teardown"):
+    run.pytest_runtest_logreport(SimpleNamespace(when=when))
+  assert len(lines) == 1 and lines[0].startswith("tests: 1/4 done in ")
+  assert lines[0].endswith(" min left")
