@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(items):
 
 # A long run says where it is: every PROGRESS_EVERY_S, the tests done of all and an estimate
 # of what is left (-q's dots alone say neither, over a run of many minutes).
-PROGRESS_EVERY_S = 60.0
+PROGRESS_EVERY_S = float(os.environ.get("GSI_JAX_TEST_PROGRESS_S", 60))
 
 
 class RunProgress:
@@ -119,7 +119,7 @@ class RunProgress:
   controller with it (which learns the total from its workers' collections)."""
 
   def __init__(self, config, every_s: float = PROGRESS_EVERY_S):
-    self.reporter = config.pluginmanager.getplugin("terminalreporter")
+    self.config = config  # its terminal reporter registers after this plugin's configure
     self.every_s, self.total, self.done = every_s, 0, 0
     self.start = self.said = time.monotonic()
 
@@ -138,11 +138,12 @@ class RunProgress:
     if self.total and now - self.said >= self.every_s and self.done < self.total:
       self.said = now
       left = (now - self.start) / self.done * (self.total - self.done)
-      self.reporter.write_line(f"tests: {self.done}/{self.total} done in "
-                               f"{(now - self.start) / 60:.1f} min, about {left / 60:.0f} min "
-                               "left")
+      reporter = self.config.pluginmanager.getplugin("terminalreporter")
+      reporter.write("\n")  # off the line of -q's dots
+      reporter.write_line(f"tests: {self.done}/{self.total} done in "
+                          f"{(now - self.start) / 60:.1f} min, about {left / 60:.0f} min left")
 
 
 def pytest_configure(config):
-  if not hasattr(config, "workerinput") and config.pluginmanager.getplugin("terminalreporter"):
+  if not hasattr(config, "workerinput"):  # xdist's workers report to the controller
     config.pluginmanager.register(RunProgress(config), "gsi-jax-run-progress")

@@ -72,7 +72,7 @@ def test_a_long_test_run_says_how_far_it_is_and_what_is_left():
   from types import SimpleNamespace
   from tests.conftest import RunProgress
   lines = []
-  reporter = SimpleNamespace(write_line=lines.append)
+  reporter = SimpleNamespace(write_line=lines.append, write=lambda text: None)
   config = SimpleNamespace(pluginmanager=SimpleNamespace(getplugin=lambda name: reporter))
   run = RunProgress(config, every_s=0.0)
   run.pytest_xdist_node_collection_finished(None, ["a", "b", "c", "d"])
