@@ -667,3 +667,23 @@ def test_a_full_disk_during_calibration_is_one_line_and_resumes(tiny, small_disk
   bases = gsi_jax.calibrate(model, model.params, ids, 16, seq_len=16, progress=False,
                             resume_dir=str(small_disk / "p"))
   assert bases.k_max == 16 and done
+
+
+@pytest.mark.parametrize("field, value", [("k_max", None), ("fingerprint", None),
+                                          ("method", 3), ("k_max", "8")])
+def test_metadata_of_another_version_is_one_error_naming_the_field(tiny, tmp_path, field,
+                                                                   value):
+  """Sealed as this version seals (its checksums pass), but a field missing or of another
+  type: one GSIError naming it from load_bases, which the cache restores through."""
+  from gsi_jax.gsi import checkpoint
+  _, bases, _ = tiny("gpt2")
+  arrays = bases.arrays()
+  meta = {**bases.meta, "format_version": gsi_jax.gsi.bases.FORMAT_VERSION}
+  meta = {k: v for k, v in meta.items() if k != field or value is not None}
+  if value is not None:
+    meta[field] = value
+  with checkpoint._manager(str(tmp_path / "b"), True, 1, checkpoint.BASES_STEP_PREFIX) as m:
+    checkpoint._save(m, 1, arrays, checkpoint.sealed(meta, arrays))
+  with pytest.raises(GSIError, match=rf"the bases' metadata has no \w+ '{field}' \(another "
+                                     r"version of gsi_jax wrote it"):
+    gsi_jax.load_bases(str(tmp_path / "b"))

@@ -1,8 +1,8 @@
 """The paper's models and the default model as the hub ships their config.json.
 
 tests/fixtures/hub_configs/ holds each config.json as published (EleutherAI/gpt-j-6b,
-openai-community/gpt2 and gpt2-medium, facebook/opt-125m, opt-350m and opt-6.7b,
-HuggingFaceTB/SmolLM2-135M).  Each must translate, the presets must be exactly what their
+openai-community/gpt2 and gpt2-medium, facebook/opt-125m, opt-350m, opt-1.3b, opt-2.7b and
+opt-6.7b, HuggingFaceTB/SmolLM2-135M).  Each must translate, the presets must be exactly what their
 hub configs say, and a tiny random model that keeps every other key of a hub config loads
 and matches transformers.
 """

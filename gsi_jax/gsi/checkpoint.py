@@ -362,6 +362,10 @@ class LayerProgress:
     return done, carry["hidden"]
 
 
+# What a restore reads from the metadata, beyond its format version and checksums.
+REQUIRED_META = {"k_max": int, "fingerprint": str, "method": str}
+
+
 def _saved_steps(path: str, prefix: str | None) -> list[int]:
   """The complete saves of bases in `path`: folders <prefix>_<n> (bare <n> from earlier
   versions, which saved without a prefix) that hold both of a save's items.  A user's
@@ -399,6 +403,10 @@ def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) 
   if meta.get("format_version") != FORMAT_VERSION:
     raise GSIError(f"{path}: bases format {meta.get('format_version')} is not "
                    f"{FORMAT_VERSION}; calibrate again")
+  for field, kind in REQUIRED_META.items():
+    if not isinstance(meta.get(field), kind) or isinstance(meta.get(field), bool):
+      raise GSIError(f"{path}: the bases' metadata has no {kind.__name__} {field!r} (another "
+                     f"version of gsi_jax wrote it, got {meta.get(field)!r}); calibrate again")
   try:
     bases = Bases(arrays["vectors"], arrays["eigenvalues"], arrays["trace"], meta)
   except (KeyError, TypeError):
