@@ -37,11 +37,16 @@ def flag(name: str, value) -> bool:
   return bool(value)
 
 
-def number(name: str, value) -> float:
-  """value as a float: a real number (not a string, which float() would parse, nor a bool)."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise GSIError(f"{name} must be a number, got {value!r}")
-  return float(value)
+def number(name: str, value):
+  """value as a float where it is a real number (not a string, which float() would parse,
+  nor a bool); a 0-d array of a real dtype (a JAX scalar, traced ones included) as itself."""
+  if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+    return float(value)
+  dtype = getattr(value, "dtype", None)
+  if (getattr(value, "ndim", None) == 0 and dtype is not None and dtype != np.bool_
+      and np.issubdtype(dtype, np.number) and not np.issubdtype(dtype, np.complexfloating)):
+    return value
+  raise GSIError(f"{name} must be a number, got {value!r}")
 
 
 def path(name: str, value) -> str:

@@ -100,7 +100,8 @@ def apply_residual_sparsity(gsi_params, thresholds: dict):
     for site, t in sites.items():
       if not P.has_gsi(gsi_params[layer][site]):
         raise GSIError(f"{layer}/{site} has no V_k: apply_gsi first")
-      if not number(f"thresholds {layer}/{site}", t) >= 0:
+      value = number(f"thresholds {layer}/{site}", t)
+      if isinstance(value, float) and not value >= 0:
         raise GSIError(f"thresholds {layer}/{site} must be >= 0, got {t}")
   return P.with_site_values(gsi_params, P.RESIDUAL_THRESHOLD, thresholds)
 
