@@ -111,7 +111,7 @@ def pytest_collection_modifyitems(items):
 
 # A long run says where it is: every PROGRESS_EVERY_S, the tests done of all and an estimate
 # of what is left (-q's dots alone say neither, over a run of many minutes).
-PROGRESS_EVERY_S = float(os.environ.get("GSI_JAX_TEST_PROGRESS_S", 60))
+PROGRESS_EVERY_S = 60.0
 
 
 class RunProgress:

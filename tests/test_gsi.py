@@ -320,7 +320,7 @@ def test_saves_delete_nothing_of_the_users_and_keep_one_copy(tiny, tmp_path):
 @pytest.mark.parametrize("keep", [0, -1, 1.5, True, "2"])
 def test_save_bases_checks_keep(tiny, tmp_path, keep):
   _, bases, _ = tiny("gpt2")
-  with pytest.raises(GSIError, match=r"keep=.* must be a positive integer"):
+  with pytest.raises(GSIError, match=r"keep must be (a whole number|>= 1)"):
     gsi_jax.save_bases(str(tmp_path / "b"), bases, keep=keep)
   assert not (tmp_path / "b").exists()
 

@@ -63,7 +63,7 @@ CASES = {
     "dense_params params": (lambda m, b, p: gsi_jax.dense_params(None), "params must be"),
     "save_bases path": (lambda m, b, p: gsi_jax.save_bases(None, b), "path must be a path"),
     "save_bases bases": (lambda m, b, p: gsi_jax.save_bases("unused", p),
-                         "save_bases takes the Bases"),
+                         "bases must be the Bases"),
     "load_bases k": (lambda m, b, p: gsi_jax.load_bases(".", k="4"), "k must be a whole number"),
 }
 

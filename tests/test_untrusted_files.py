@@ -43,33 +43,19 @@ CRAFTED = {
     "a tensor of 10^6 dimensions": dict(n_tensors=1, tensors=_string("t")
                                         + struct.pack("<I", 10**6)),
 }
-# The bound, in a process that imports only the GGUF loader: llama.cpp's reader given these
-# headers grew past 2 GB.
-BOUNDED = """
-import resource, sys, time
-from gsi_jax.errors import GSIError
-from gsi_jax.loading import gguf_file
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.time()
-try:
-  gguf_file.open_gguf(sys.argv[1])
-except GSIError as e:
-  print(e)
-print("seconds", time.time() - start)
-print("grew_mb", (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
-"""
-
-
 @pytest.mark.parametrize("name", sorted(CRAFTED))
-def test_a_crafted_gguf_is_refused_in_seconds_with_memory_bounded(tmp_path, name):
+def test_a_crafted_gguf_is_refused_before_llama_cpps_reader_sees_it(tmp_path, monkeypatch,
+                                                                    name):
+  """llama.cpp's reader, given such a header, allocates for what it declares (past 2 GB from
+  155 KB): the header walk refuses first, reading no more than the file holds."""
+  import gguf
+
+  def never(*args, **kwargs):
+    raise AssertionError("gguf.GGUFReader was handed a header the walk should refuse")
+  monkeypatch.setattr(gguf, "GGUFReader", never)
   path = crafted_gguf(tmp_path / "crafted.gguf", **CRAFTED[name])
-  proc = subprocess.run([sys.executable, "-c", BOUNDED, str(path)], capture_output=True,
-                        text=True, cwd=ROOT, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  lines = proc.stdout.splitlines()
-  assert "GGUF header declares" in lines[0] and "truncated, damaged or crafted" in lines[0]
-  assert float(lines[1].split()[1]) < 10
-  assert float(lines[2].split()[1]) < 100
+  with pytest.raises(GSIError, match="GGUF header declares .* truncated, damaged or crafted"):
+    gsi_jax.load_model(str(path))
 
 
 def _tiny_llama_gguf(path, **metadata):

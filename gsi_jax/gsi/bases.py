@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from gsi_jax.runtime import distributed
+from gsi_jax.errors import GSIError
 from gsi_jax.models import params as P
 
 FORMAT_VERSION = 3  # 2: checksums of every array; 3: and of the metadata itself
@@ -51,6 +52,14 @@ class Bases:
 
 # id(tensor) -> (weak reference, digest): a tensor is hashed once while it lives.
 _TENSOR_DIGESTS: dict[int, tuple[weakref.ref, bytes]] = {}
+
+
+def expect_bases(bases) -> Bases:
+  """`bases` when it is a Bases, else one GSIError naming the argument."""
+  if not isinstance(bases, Bases):
+    raise GSIError(f"bases must be the Bases that calibrate or load_bases returns, got "
+                   f"{type(bases).__name__}")
+  return bases
 
 
 def _tensor_digest(leaf) -> bytes:

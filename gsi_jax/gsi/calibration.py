@@ -36,7 +36,7 @@ from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, calibration_identity
 from gsi_jax.gsi.checkpoint import LayerProgress, check_layer, exclusive
 from gsi_jax.models import params as P
 from gsi_jax.models.decoder import Block, Decoder
-from gsi_jax.models.model import Model
+from gsi_jax.models.model import check_model
 
 METHODS = ("eigh", "cascade", "krylov")
 
@@ -304,8 +304,7 @@ def calibrate(model, params, token_ids, k_max: int, method: str = "eigh", seq_le
   on_layer(done, layers, phase_seconds): called after each layer is solved (a benchmark
   saves what it measured so far).
   """
-  if not isinstance(model, Model):
-    raise GSIError(f"model must be what load_model returns, got {type(model).__name__}")
+  check_model(model)
   P.check_tree(params)
   k_max, seq_len = whole("k_max", k_max), whole("seq_len", seq_len, 2)
   batch_size, progress = whole("batch_size", batch_size), flag("progress", progress)

@@ -32,7 +32,7 @@ import numpy as np
 from gsi_jax.runtime import distributed
 from gsi_jax.errors import GSIError, whole
 from gsi_jax.errors import path as path_arg
-from gsi_jax.gsi.bases import FORMAT_VERSION, Bases
+from gsi_jax.gsi.bases import FORMAT_VERSION, Bases, expect_bases
 from gsi_jax.models import params as P
 
 ORTHONORMAL_TOL = 1e-3  # float32 vectors of width up to 16384
@@ -176,13 +176,9 @@ def save_bases(path: str, bases: Bases, keep: int | None = 1) -> int:
 
   keep: how many saves stay, the newest first (None: all).  The older ones go only once
   the new one is complete, and nothing in `path` that is not a save of bases is touched."""
-  if not isinstance(bases, Bases):
-    raise GSIError(f"save_bases takes the Bases that calibrate returns, got "
-                   f"{type(bases).__name__}")
+  expect_bases(bases)
   path = path_arg("path", path)
-  if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-    raise GSIError(f"save_bases: keep={keep!r} must be a positive integer (how many saves "
-                   "to keep) or None (all of them)")
+  keep = None if keep is None else whole("keep", keep)
   check_writable(path)
   problem = _invalid(bases)
   if problem:
@@ -387,11 +383,12 @@ def load_bases(path: str, fingerprint: str | None = None, k: int | None = None) 
     k = whole("k", k)
   if not os.path.isdir(path):
     raise GSIError(f"no bases checkpoint at {path}; calibrate first")
-  prefix = BASES_STEP_PREFIX if _saved_steps(path, BASES_STEP_PREFIX) else None
+  prefix, steps = BASES_STEP_PREFIX, _saved_steps(path, BASES_STEP_PREFIX)
+  if not steps:  # an earlier version's saves, or none
+    prefix, steps = None, _saved_steps(path, None)
   try:
-    with exclusive(path, create=False), \
-        _manager(path, False, None, prefix) as manager:
-      step = max(_saved_steps(path, prefix), default=None)
+    with exclusive(path, create=False), _manager(path, False, None, prefix) as manager:
+      step = max(steps, default=None)
       if step is None:
         raise GSIError(f"{path} holds no complete bases checkpoint; calibrate again")
       arrays, meta = _restore(manager, step, path)

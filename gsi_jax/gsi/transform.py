@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax.errors import GSIError, number, whole
-from gsi_jax.gsi.bases import Bases, fingerprint
+from gsi_jax.gsi.bases import Bases, expect_bases, fingerprint
 from gsi_jax.models import params as P
 
 
@@ -25,9 +25,7 @@ def check_k(params, k: int, name: str = "k") -> int:
 
 
 def check_bases(params, bases: Bases) -> None:
-  if not isinstance(bases, Bases):
-    raise GSIError(f"bases must be the Bases that calibrate or load_bases returns, got "
-                   f"{type(bases).__name__}")
+  expect_bases(bases)
   got = fingerprint(P.check_tree(params))
   if bases.meta.get("fingerprint") != got:
     raise GSIError(f"bases were calibrated for another model ({bases.meta.get('model')!r}, "

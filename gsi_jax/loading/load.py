@@ -207,10 +207,10 @@ def _place(folder: str, where: dict[str, str], key: str, f: str) -> None:
   where[key] = f
 
 
-def _hf_tensor_getter(folder: str) -> mapping.TensorSource:
+def _hf_tensor_getter(folder: str, checkpoint) -> mapping.TensorSource:
   """Tensors by name (prefixes stripped), read lazily from safetensors (whole or a slice)
-  or from a .bin: the files transformers would read, and no other."""
-  fmt, files, weight_map = checkpoint_files(folder)
+  or from a .bin: `checkpoint_files(folder)`, the files transformers would read, no other."""
+  fmt, files, weight_map = checkpoint
   index: dict[str, tuple] = {}
   where: dict[str, str] = {}  # tensor -> the file holding it
   if fmt == "safetensors":
@@ -291,9 +291,9 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
     config = config_from_hf(raw, name=os.path.basename(os.path.normpath(folder)))
   except GSIError as e:
     raise GSIError(f"{config_path}: {e}") from None
+  checkpoint = checkpoint_files(folder)
   # Float weights only (a quantized checkpoint is refused above): a byte a weight at least.
-  check_declared_size(config, sum(os.path.getsize(f) for f in checkpoint_files(folder)[1]),
-                      8, folder)
+  check_declared_size(config, sum(os.path.getsize(f) for f in checkpoint[1]), 8, folder)
   config = first_layers(config, n_layers)
   # Checked before the tokenizer, whose own build would fail on it less clearly.
   configured_eos = _eos_ids(None, config_path, raw.get("eos_token_id"))
@@ -304,7 +304,8 @@ def load_hf_folder(folder: str, dtype="float32", n_layers: int | None = None,
     # No code from the folder runs, and nothing asks whether it may.
     tokenizer = _read_tokenizer(
         lambda: AutoTokenizer.from_pretrained(folder, trust_remote_code=False), folder)
-  return _build(config, mapping.HF_TABLES[config.family](config), _hf_tensor_getter(folder),
+  return _build(config, mapping.HF_TABLES[config.family](config),
+                _hf_tensor_getter(folder, checkpoint),
                 dtype, folder, tokenizer, folder,
                 configured_eos or _eos_ids(tokenizer, folder), n_layers is None, mesh)
 

@@ -7,8 +7,8 @@ import logging
 import numpy as np
 
 from gsi_jax.runtime.distributed import host_copy
-from gsi_jax.errors import GSIError, whole
-from gsi_jax.gsi.bases import Bases
+from gsi_jax.errors import whole
+from gsi_jax.gsi.bases import Bases, expect_bases
 from gsi_jax.models import params as P
 from gsi_jax.ops import make_gate
 
@@ -29,9 +29,7 @@ def random_subspace_cosine(d: int, k: int, seed: int = 0) -> float:
 
 def depth_coherence(bases: Bases, k: int) -> dict[str, list[float]]:
   """{site: [mean principal cosine between layer l and l+1, for each l]}."""
-  if not isinstance(bases, Bases):
-    raise GSIError(f"bases must be the Bases that calibrate or load_bases returns, got "
-                   f"{type(bases).__name__}")
+  expect_bases(bases)
   k = whole("k", k)
   out: dict[str, list[float]] = {}
   layers = P.layers(bases.vectors)

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from gsi_jax import progress
-from gsi_jax.errors import GSIError, whole
+from gsi_jax.errors import whole
 from gsi_jax.models import params as P
-from gsi_jax.models.model import Model, _forward, check_gate
+from gsi_jax.models.model import _forward, check_gate, check_model
 from gsi_jax.ops import Gate
 
 COLLECTIONS = ("gate_stats", "sparsity_stats", "head_stats")
@@ -49,8 +49,7 @@ def score(model, params, windows_NT: np.ndarray, gate: Gate | None = None,
 
   The last position of each window has no target and is left out everywhere.
   """
-  if not isinstance(model, Model):
-    raise GSIError(f"model must be what load_model returns, got {type(model).__name__}")
+  check_model(model)
   windows_NT = np.asarray(model.checked_ids(windows_NT, "a scoring window"))
   check_gate(gate, P.check_tree(params))
   batch_size = whole("batch_size", batch_size)

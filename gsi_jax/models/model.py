@@ -110,6 +110,14 @@ def _generate(module, params, ids_BL, prompt_len, gate, max_new_tokens, eos_ids,
   return out, steps, decode_counts
 
 
+def concrete_thresholds(gate: Gate) -> list[float] | None:
+  """The gate's ε (and its head's) as numbers, or None where they are traced (a sweep's)."""
+  try:
+    return [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    return None
+
+
 def decode_gate(params, gate: Gate | None, keep_stats: bool = False) -> Gate | None:
   """The gate a decode compiles with, decided once per model from concrete thresholds,
   not at each site: a plain gate whose every threshold is <= 0 takes no fast path, so the
@@ -119,9 +127,8 @@ def decode_gate(params, gate: Gate | None, keep_stats: bool = False) -> Gate | N
   per-site thresholds (a learned allocation) or a sparse residual keep the sites' own."""
   if gate is None or gate.mode != "gated":
     return gate
-  try:
-    eps = [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
-  except (TypeError, jax.errors.ConcretizationTypeError):
+  eps = concrete_thresholds(gate)
+  if eps is None:
     return gate
   if P.any_site_holds(params, P.EPS) or P.any_site_holds(params, P.RESIDUAL_THRESHOLD):
     return gate
@@ -150,16 +157,18 @@ def check_gate(gate, params=None) -> None:
                    f"got {type(gate).__name__}")
   if params is None or gate is None or gate.mode not in ("gated", "static"):
     return
-  try:
-    thresholds = [float(gate.eps)] + ([] if gate.head_eps is None else [float(gate.head_eps)])
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    return  # traced: a sweep's thresholds
-  if gate.mode == "gated" and all(e <= 0 for e in thresholds):
+  thresholds = concrete_thresholds(gate)
+  if thresholds is None or gate.mode == "gated" and all(e <= 0 for e in thresholds):
     return
   if not (P.any_site_holds(params, P.V) or P.V in params.get(P.LM_HEAD, {})):
     raise GSIError(f"a {gate.mode} GSI gate over parameters that hold no bases would run as "
                    "dense; pass the parameters apply_gsi(params, bases, k) returns, or no "
                    "gate for dense")
+
+
+def check_model(model) -> None:
+  if not isinstance(model, Model):
+    raise GSIError(f"model must be what load_model returns, got {type(model).__name__}")
 
 
 def check_ids(input_ids, vocab_size: int, what: str = "input_ids", ndim: int = 2) -> jax.Array:

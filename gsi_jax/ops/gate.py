@@ -13,7 +13,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from gsi_jax.errors import GSIError, flag
+from gsi_jax.errors import GSIError, flag, number
 from gsi_jax.ops.fused_sum import fused_sum
 
 MODES = ("gated", "static", "dense", "soft", "coin")
@@ -58,10 +58,8 @@ class Gate:
 def check_threshold(name: str, value) -> float:
   """A gate threshold: a number >= 0, inf allowed (a string or a bool is not a number)."""
   try:
-    if isinstance(value, (str, bytes, bool)):
-      raise TypeError
-    value = float(value)
-  except (TypeError, ValueError):
+    value = float(number(name, value))
+  except (GSIError, TypeError):  # TypeError: a traced value
     raise GSIError(f"{name} must be a number >= 0 (inf allowed), got {value!r}") from None
   if math.isnan(value) or value < 0:
     raise GSIError(f"{name} must be a number >= 0 (inf allowed), got {value}")
